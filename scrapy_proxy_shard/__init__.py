@@ -1,0 +1,43 @@
+"""scrapy-proxy-shard: many Scrapy processes on many hosts sharing one proxy pool through Redis.
+
+Every request leases a proxy slot for its site atomically (one Lua script, one round trip), so no
+two hosts send from one IP to one site at the same moment; bans are quarantined for every host at
+once; sticky sessions keep one IP for a session's lifetime.
+"""
+
+from .exceptions import (
+    NoProxyAvailable,
+    PoolBackendError,
+    ProxyBanned,
+    ProxyShardError,
+    ProxyURLError,
+    SettingError,
+    UnknownPoolError,
+)
+from .proxies import Proxy, make_proxy, mask, parse_proxy, proxy_id
+from .settings import ShardSettings
+from .store import AsyncPoolStore, Lease, LeaseWait, PoolStore, ReleaseResult
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AsyncPoolStore",
+    "Lease",
+    "LeaseWait",
+    "NoProxyAvailable",
+    "PoolBackendError",
+    "PoolStore",
+    "Proxy",
+    "ProxyBanned",
+    "ProxyShardError",
+    "ProxyURLError",
+    "ReleaseResult",
+    "SettingError",
+    "ShardSettings",
+    "UnknownPoolError",
+    "__version__",
+    "make_proxy",
+    "mask",
+    "parse_proxy",
+    "proxy_id",
+]

@@ -1,0 +1,48 @@
+"""Every exception scrapy-proxy-shard raises, in one place.
+
+The tree::
+
+    ProxyShardError                  base class; catch this to catch everything below
+    ├── ProxyURLError (ValueError)   a proxy entry is malformed (names the entry, masked)
+    ├── SettingError (ValueError)    a PROXY_SHARD_* setting has a bad value (names setting and value)
+    ├── UnknownPoolError (KeyError)  the pool does not exist or holds no proxies
+    ├── PoolBackendError             Redis cannot be reached or answered with an error
+    │                                (names the Redis URL with its password masked)
+    ├── NoProxyAvailable             no proxy became free within the wait limit
+    └── ProxyBanned                  a request was banned through every proxy its retry budget allowed
+
+Messages never contain proxy credentials: callers pass masked URLs.
+"""
+
+from __future__ import annotations
+
+
+class ProxyShardError(Exception):
+    """Base class of all scrapy-proxy-shard errors."""
+
+
+class ProxyURLError(ProxyShardError, ValueError):
+    """A proxy URL (or a line of a proxy list) is malformed."""
+
+
+class SettingError(ProxyShardError, ValueError):
+    """A PROXY_SHARD_* setting has an invalid value."""
+
+
+class UnknownPoolError(ProxyShardError, KeyError):
+    """The named pool does not exist, or it holds no proxies."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else "unknown pool"
+
+
+class PoolBackendError(ProxyShardError):
+    """Redis is unreachable or returned an error for a pool operation."""
+
+
+class NoProxyAvailable(ProxyShardError):
+    """No proxy of the pool became free for the site within the wait limit."""
+
+
+class ProxyBanned(ProxyShardError):
+    """The response was a ban through every proxy the request's retry budget allowed."""

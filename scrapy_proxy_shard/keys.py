@@ -1,0 +1,47 @@
+"""Every Redis key name the project uses is built here.
+
+All keys of one pool share the hash tag ``{namespace:pool}`` so every script touches one Redis
+Cluster slot; the Lua scripts derive the per-pool keys from that prefix (see ``lua/_lib.lua``).
+Keys never contain proxy URLs: proxies are named by their short id.
+"""
+
+from __future__ import annotations
+
+import re
+
+from .exceptions import SettingError
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,63}$")
+
+
+def check_name(kind: str, value: object) -> str:
+    """Validate a namespace or pool name: it becomes part of every key, so keep it plain."""
+    if not isinstance(value, str) or not NAME_RE.match(value):
+        raise SettingError(
+            f"invalid {kind} name {value!r}: use 1-64 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    return value
+
+
+def pool_prefix(namespace: str, pool: str) -> str:
+    """The hash-tagged prefix of every key of one pool: ``{namespace:pool}``."""
+    return f"{{{namespace}:{pool}}}"
+
+
+def pools_registry(namespace: str) -> str:
+    """SET of pool names in a namespace (its own slot; written only by admin operations)."""
+    return f"{namespace}:pools"
+
+
+def lease_key(prefix: str, site: str, member: str) -> str:
+    return f"{prefix}:lease:{site}:{member}"
+
+
+def session_key(prefix: str, site: str, session_id: str) -> str:
+    return f"{prefix}:session:{site}:{session_id}"
+
+
+def sub_key(prefix: str, name: str) -> str:
+    """A pool-level structure named in lua/_lib.lua (``proxies``, ``tags``, ``bans``, ...)."""
+    return f"{prefix}:{name}"

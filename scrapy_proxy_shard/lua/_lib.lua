@@ -1,0 +1,148 @@
+-- _lib.lua: helpers prepended to every operation script (scripts.py joins them before loading).
+--
+-- Key layout, all under one hash tag so a pool lives in one Redis Cluster slot. KEYS[1] is the pool
+-- prefix "{namespace:pool}"; it is declared so the call is routed to the pool's slot, and every key
+-- below is built from it (same hash tag, hence same slot):
+--   P:proxies            HASH   proxy id -> canonical proxy URL (may hold credentials)
+--   P:tags               HASH   proxy id -> JSON tags (type, provider, country; read by Python only)
+--   P:sites              HASH   site -> slots per proxy on that site (= concurrency); marks the site's
+--                               ready ZSET as built
+--   P:ready:<site>       ZSET   member "<id>/<k>" (slot k of a proxy) -> ms from which it may be used
+--   P:lease:<site>:<m>   STRING "token|host|issued_ms|session" with PX = lease or session TTL; exists
+--                               exactly while slot m is held
+--   P:session:<site>:<sid> HASH p=id m=member t=use token busy=ms next=ms n=uses rb=rebinds; PX TTL
+--   P:bans               HASH   "<site>|<id>" (site "*" = proxy-wide) -> "until_ms|strikes|reason|since"
+--   P:banidx             ZSET   "<site>|<id>" -> ms after which the entry (and its strikes) is forgotten
+--   P:pstats             HASH   "<id>:<counter>" per proxy (l leases, ok, err, ban, lat = EWMA ms)
+--   P:hstats             HASH   "<host>:<counter>" per host (l, ok, err, ban)
+--   P:sstats             HASH   "<site>:<counter>" per site (l, ok, err, ban, ban:<reason>)
+--   P:counters           HASH   pool-wide counters (stale, expired, rebinds, ...)
+-- Times are milliseconds of the Redis server clock (TIME), so host clock skew cannot cause overlaps.
+
+local P = KEYS[1]
+local K_PROXIES = P .. ':proxies'
+local K_TAGS = P .. ':tags'
+local K_SITES = P .. ':sites'
+local K_BANS = P .. ':bans'
+local K_BANIDX = P .. ':banidx'
+local K_PSTATS = P .. ':pstats'
+local K_HSTATS = P .. ':hstats'
+local K_SSTATS = P .. ':sstats'
+local K_COUNTERS = P .. ':counters'
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function ready_key(site) return P .. ':ready:' .. site end
+local function lease_key(site, member) return P .. ':lease:' .. site .. ':' .. member end
+local function session_key(site, sid) return P .. ':session:' .. site .. ':' .. sid end
+local function id_of(member) return string.match(member, '^(.*)/%d+$') end
+
+-- Integer as a decimal string (tostring would switch to exponent notation for big numbers).
+local function istr(n) return string.format('%d', n) end
+
+-- Until when a ban entry holds (0 when there is none).
+local function ban_entry_until(field)
+  local v = redis.call('HGET', K_BANS, field)
+  if not v then return 0 end
+  return tonumber(string.match(v, '^(%d+)|')) or 0
+end
+
+-- Until when a proxy may not be used on a site: the later of its site ban and its proxy-wide
+-- quarantine.
+local function blocked_until(site, id)
+  local a = ban_entry_until(site .. '|' .. id)
+  local b = ban_entry_until('*|' .. id)
+  if b > a then return b end
+  return a
+end
+
+-- Build the site's ready ZSET from the pool on first use; return its slot count per proxy.
+-- O(N) once per (pool, site); every later call is O(1).
+local function ensure_site(site, concurrency, now)
+  local c = redis.call('HGET', K_SITES, site)
+  if c then return tonumber(c) end
+  local ready = ready_key(site)
+  local ids = redis.call('HKEYS', K_PROXIES)
+  local batch = {}
+  for _, id in ipairs(ids) do
+    local score = blocked_until(site, id)
+    if score < now then score = now end
+    for k = 0, concurrency - 1 do
+      batch[#batch + 1] = score
+      batch[#batch + 1] = id .. '/' .. k
+    end
+    if #batch >= 2000 then
+      redis.call('ZADD', ready, unpack(batch))
+      batch = {}
+    end
+  end
+  if #batch > 0 then redis.call('ZADD', ready, unpack(batch)) end
+  redis.call('HSET', K_SITES, site, concurrency)
+  return concurrency
+end
+
+-- Push every slot of a proxy on one site to at least `until_ms` (XX: never re-adds a removed proxy;
+-- GT: never shortens a longer hold).
+local function hold_slots(site, id, until_ms)
+  local c = redis.call('HGET', K_SITES, site)
+  if not c then return end
+  local ready = ready_key(site)
+  for k = 0, tonumber(c) - 1 do
+    redis.call('ZADD', ready, 'XX', 'GT', until_ms, id .. '/' .. k)
+  end
+end
+
+-- Forget ban entries whose strike window has passed (bounded work per call keeps memory bounded).
+local function forget_old_bans(now)
+  local old = redis.call('ZRANGEBYSCORE', K_BANIDX, '-inf', now, 'LIMIT', 0, 16)
+  for _, field in ipairs(old) do
+    redis.call('HDEL', K_BANS, field)
+    redis.call('ZREM', K_BANIDX, field)
+  end
+end
+
+-- Quarantine proxy `id` on `scope` (a site, or '*' for every site) with an escalating TTL.
+-- A ban that arrives while the same quarantine still runs (several in-flight requests seeing one
+-- ban) does not add a strike. Returns until_ms, strikes, and 1 if this call started the quarantine.
+local function ban(scope, id, reason, base_ms, max_ms, jitter, window_ms, now)
+  local field = scope .. '|' .. id
+  local prev = redis.call('HGET', K_BANS, field)
+  local strikes = 0
+  if prev then
+    local p_until, p_strikes = string.match(prev, '^(%d+)|(%d+)|')
+    p_until = tonumber(p_until)
+    p_strikes = tonumber(p_strikes)
+    if p_until > now then return p_until, p_strikes, 0 end
+    if now - p_until < window_ms then strikes = p_strikes end
+  end
+  strikes = strikes + 1
+  local ttl = base_ms * math.pow(2, strikes - 1)
+  if ttl > max_ms then ttl = max_ms end
+  ttl = math.floor(ttl * (1 + jitter))
+  if ttl < 1 then ttl = 1 end
+  local until_ms = now + ttl
+  redis.call('HSET', K_BANS, field, istr(until_ms) .. '|' .. strikes .. '|' .. reason .. '|' .. istr(now))
+  redis.call('ZADD', K_BANIDX, until_ms + window_ms, field)
+  if scope == '*' then
+    for _, site in ipairs(redis.call('HKEYS', K_SITES)) do hold_slots(site, id, until_ms) end
+  else
+    hold_slots(scope, id, until_ms)
+  end
+  redis.call('HINCRBY', K_PSTATS, id .. ':ban', 1)
+  redis.call('HINCRBY', K_SSTATS, scope .. ':ban', 1)
+  redis.call('HINCRBY', K_SSTATS, scope .. ':ban:' .. reason, 1)
+  forget_old_bans(now)
+  return until_ms, strikes, 1
+end
+
+-- The ms from which a released slot may be used again: after the pacing interval, and not before
+-- any quarantine of the proxy ends.
+local function next_free(site, id, now, interval_ms)
+  local t = now + interval_ms
+  local b = blocked_until(site, id)
+  if b > t then return b end
+  return t
+end

@@ -1,0 +1,103 @@
+-- lease.lua: lease the proxy slot that has been free longest on a site, or continue a sticky session.
+-- KEYS[1]  pool prefix "{namespace:pool}" (all other keys are built from it; see _lib.lua)
+-- ARGV[1]  site (exclusivity key: registrable domain or site group)
+-- ARGV[2]  concurrency: slots per proxy on this site, used when the site is first built
+-- ARGV[3]  lease TTL, ms (a holder that dies frees the slot after this)
+-- ARGV[4]  token: random, unique per lease (release/renew must present it)
+-- ARGV[5]  host id of the caller (for per-host counters)
+-- ARGV[6]  session id, or "" for a plain lease
+-- ARGV[7]  session TTL, ms (sliding; only with a session id)
+-- Replies (flat arrays):
+--   {"OK", id, url, member, token, expires_ms, now_ms, session_flag, rebound_flag}
+--        session_flag 1: the lease is a use of a sticky session; rebound_flag 1: the session's
+--        previous proxy was banned, dead or removed and the session now has this new proxy
+--   {"WAIT", wait_ms, reason}  nothing usable now; wait_ms until the earliest slot frees up
+--        (reason "pool": every slot is busy, cooling or banned; "session": the session's proxy is
+--        in use or inside its pacing interval)
+--   {"EMPTY"}  the pool holds no proxies
+-- Cost: O(log N) in the number of proxies (one ZRANGEBYSCORE LIMIT 1 + one ZADD), except the first
+-- lease on a new site, which builds the site's ZSET in O(N).
+
+local site = ARGV[1]
+local concurrency = tonumber(ARGV[2])
+local ttl = tonumber(ARGV[3])
+local token = ARGV[4]
+local host = ARGV[5]
+local sid = ARGV[6]
+local session_ttl = tonumber(ARGV[7])
+local now = now_ms()
+local ready = ready_key(site)
+local rebound = 0
+local S = nil
+
+local function count_lease(id)
+  redis.call('HINCRBY', K_PSTATS, id .. ':l', 1)
+  redis.call('HINCRBY', K_HSTATS, host .. ':l', 1)
+  redis.call('HINCRBY', K_SSTATS, site .. ':l', 1)
+end
+
+if sid ~= '' then
+  S = session_key(site, sid)
+  local s = redis.call('HMGET', S, 'p', 'm', 'busy', 'next')
+  if s[1] and s[1] ~= '' then
+    local id, member = s[1], s[2]
+    local usable = redis.call('HEXISTS', K_PROXIES, id) == 1 and blocked_until(site, id) <= now
+    if usable then
+      local busy, nxt = tonumber(s[3]), tonumber(s[4])
+      if busy > now then return {'WAIT', busy - now, 'session'} end
+      if nxt > now then return {'WAIT', nxt - now, 'session'} end
+      redis.call('HSET', S, 't', token, 'busy', now + ttl)
+      redis.call('HINCRBY', S, 'n', 1)
+      redis.call('PEXPIRE', S, session_ttl)
+      redis.call('SET', lease_key(site, member), token .. '|' .. host .. '|' .. istr(now) .. '|' .. sid,
+        'PX', session_ttl)
+      redis.call('ZADD', ready, 'XX', now + session_ttl, member)
+      count_lease(id)
+      return {'OK', id, redis.call('HGET', K_PROXIES, id), member, token, now + ttl, now, 1, 0}
+    end
+    -- The session's proxy is banned, dead or removed: free its slot and bind a new proxy below.
+    -- The binding is emptied rather than deleted, so a rebind that has to wait is still reported
+    -- as a rebind when it completes.
+    redis.call('DEL', lease_key(site, member))
+    if redis.call('ZSCORE', ready, member) then
+      local b = blocked_until(site, id)
+      if b < now then b = now end
+      redis.call('ZADD', ready, 'XX', b, member)
+    end
+    redis.call('HSET', S, 'p', '', 'm', '')
+    redis.call('HINCRBY', S, 'rb', 1)
+    redis.call('HINCRBY', K_COUNTERS, 'rebinds', 1)
+    rebound = 1
+  elseif s[1] == '' then
+    rebound = 1
+  end
+end
+
+ensure_site(site, concurrency, now)
+local found = redis.call('ZRANGEBYSCORE', ready, '-inf', now, 'LIMIT', 0, 1)
+if #found == 0 then
+  local first = redis.call('ZRANGE', ready, 0, 0, 'WITHSCORES')
+  if #first == 0 then return {'EMPTY'} end
+  local wait = tonumber(first[2]) - now
+  if wait < 1 then wait = 1 end
+  return {'WAIT', wait, 'pool'}
+end
+
+local member = found[1]
+local id = id_of(member)
+local hold = now + ttl
+local lease_ttl = ttl
+local session_flag = 0
+if S then
+  hold = now + session_ttl
+  lease_ttl = session_ttl
+  session_flag = 1
+  redis.call('HSET', S, 'p', id, 'm', member, 't', token, 'busy', now + ttl, 'next', 0)
+  redis.call('HINCRBY', S, 'n', 1)
+  redis.call('PEXPIRE', S, session_ttl)
+end
+redis.call('ZADD', ready, hold, member)
+redis.call('SET', lease_key(site, member), token .. '|' .. host .. '|' .. istr(now) .. '|' .. sid,
+  'PX', lease_ttl)
+count_lease(id)
+return {'OK', id, redis.call('HGET', K_PROXIES, id), member, token, now + ttl, now, session_flag, rebound}

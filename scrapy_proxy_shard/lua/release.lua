@@ -1,0 +1,96 @@
+-- release.lua: end one use of a leased slot, record its outcome, and quarantine the proxy if banned.
+-- KEYS[1]  pool prefix "{namespace:pool}"
+-- ARGV[1]  site
+-- ARGV[2]  member "<id>/<k>" from the lease reply
+-- ARGV[3]  token from the lease reply
+-- ARGV[4]  outcome: "ok" | "error" | "ban" | "dead" | "unknown"
+--          ("ban": quarantine on the site; "dead": proxy-wide quarantine, e.g. connection refused)
+-- ARGV[5]  latency, ms (integer; -1 when unknown); feeds the proxy's EWMA latency on "ok"
+-- ARGV[6]  min interval before the slot may be used again on this site, ms
+-- ARGV[7]  host id of the caller
+-- ARGV[8]  session id, or ""
+-- ARGV[9]  session TTL, ms (sliding)
+-- ARGV[10] ban reason (letters, digits, '_', '-', ':'), with "ban"/"dead"
+-- ARGV[11] ban base TTL, ms        ARGV[12] ban max TTL, ms
+-- ARGV[13] jitter as a fraction to add to the TTL (e.g. "-0.07"), chosen by the caller
+-- ARGV[14] strike window, ms: a ban within this long after the previous one ended escalates
+-- ARGV[15] EWMA weight of the new latency sample (e.g. "0.2")
+-- Replies:
+--   {"OK", now_ms, ban_until_ms, strikes}   released (ban fields 0 when no ban was applied)
+--   {"STALE", now_ms, ban_until_ms, strikes}   the lease had expired and someone else holds the slot
+--        now: nothing was freed (never a double use); outcome and ban are still recorded
+--   {"EXPIRED", now_ms, ban_until_ms, strikes} the lease had expired and nobody holds the slot;
+--        nothing to free; outcome and ban are recorded
+
+local site, member, token, outcome = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local latency = tonumber(ARGV[5])
+local interval = tonumber(ARGV[6])
+local host, sid = ARGV[7], ARGV[8]
+local session_ttl = tonumber(ARGV[9])
+local now = now_ms()
+local id = id_of(member)
+local ready = ready_key(site)
+local L = lease_key(site, member)
+local status = 'OK'
+
+if sid ~= '' then
+  local S = session_key(site, sid)
+  local s = redis.call('HMGET', S, 't', 'm')
+  if not s[1] or s[2] ~= member then
+    status = 'EXPIRED'
+  elseif s[1] ~= token then
+    status = 'STALE'
+  else
+    redis.call('HSET', S, 'busy', 0, 'next', now + interval)
+    redis.call('PEXPIRE', S, session_ttl)
+    redis.call('PEXPIRE', L, session_ttl)
+    local b = blocked_until(site, id)
+    local hold = now + session_ttl
+    if b > hold then hold = b end
+    redis.call('ZADD', ready, 'XX', hold, member)
+  end
+else
+  local v = redis.call('GET', L)
+  if not v then
+    status = 'EXPIRED'
+  elseif string.sub(v, 1, #token + 1) ~= token .. '|' then
+    status = 'STALE'
+  else
+    redis.call('DEL', L)
+    redis.call('ZADD', ready, 'XX', next_free(site, id, now, interval), member)
+  end
+end
+
+if status ~= 'OK' then
+  redis.call('HINCRBY', K_COUNTERS, string.lower(status), 1)
+  redis.call('HINCRBY', K_HSTATS, host .. ':' .. string.lower(status), 1)
+end
+
+local ban_until, strikes = 0, 0
+if outcome == 'ok' then
+  redis.call('HINCRBY', K_PSTATS, id .. ':ok', 1)
+  redis.call('HINCRBY', K_HSTATS, host .. ':ok', 1)
+  redis.call('HINCRBY', K_SSTATS, site .. ':ok', 1)
+  if latency >= 0 then
+    local alpha = tonumber(ARGV[15])
+    local old = tonumber(redis.call('HGET', K_PSTATS, id .. ':lat'))
+    local ewma = latency
+    if old then ewma = old + alpha * (latency - old) end
+    redis.call('HSET', K_PSTATS, id .. ':lat', string.format('%.3f', ewma))
+  end
+elseif outcome == 'ban' or outcome == 'dead' then
+  local scope = site
+  if outcome == 'dead' then scope = '*' end
+  redis.call('HINCRBY', K_HSTATS, host .. ':ban', 1)
+  ban_until, strikes = ban(scope, id, ARGV[10], tonumber(ARGV[11]), tonumber(ARGV[12]),
+    tonumber(ARGV[13]), tonumber(ARGV[14]), now)
+  if status == 'OK' and sid ~= '' then
+    -- A banned session proxy: the session's slot must wait for the quarantine too.
+    redis.call('ZADD', ready, 'XX', 'GT', ban_until, member)
+  end
+else
+  redis.call('HINCRBY', K_PSTATS, id .. ':err', 1)
+  redis.call('HINCRBY', K_HSTATS, host .. ':err', 1)
+  redis.call('HINCRBY', K_SSTATS, site .. ':err', 1)
+end
+return {status, now, ban_until, strikes}

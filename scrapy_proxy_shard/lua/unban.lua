@@ -1,0 +1,31 @@
+-- unban.lua: lift a quarantine now (strikes are forgotten too).
+-- KEYS[1]  pool prefix "{namespace:pool}"
+-- ARGV[1]  scope: a site key, or "*" for the proxy-wide quarantine
+-- ARGV[2]  proxy id
+-- Replies:
+--   {"OK", lifted}  lifted 1 if a quarantine entry existed, 0 if there was none
+-- Slots that are held (a running lease or sticky session) keep their hold; free slots become usable
+-- at once unless another quarantine of the proxy still runs.
+
+local scope, id = ARGV[1], ARGV[2]
+local now = now_ms()
+local field = scope .. '|' .. id
+local lifted = redis.call('HDEL', K_BANS, field)
+redis.call('ZREM', K_BANIDX, field)
+local sites = {scope}
+if scope == '*' then sites = redis.call('HKEYS', K_SITES) end
+for _, site in ipairs(sites) do
+  local c = redis.call('HGET', K_SITES, site)
+  if c then
+    local ready = ready_key(site)
+    for k = 0, tonumber(c) - 1 do
+      local member = id .. '/' .. k
+      local at = blocked_until(site, id)
+      if at < now then at = now end
+      local held = redis.call('PTTL', lease_key(site, member))
+      if held > 0 and now + held > at then at = now + held end
+      redis.call('ZADD', ready, 'XX', at, member)
+    end
+  end
+end
+return {'OK', lifted}

@@ -1,0 +1,38 @@
+"""Loads the Lua operation scripts: each ``lua/<op>.lua`` is prefixed with ``lua/_lib.lua``.
+
+redis-py's ``register_script`` runs a script by EVALSHA and reloads it by itself after a NOSCRIPT
+reply (a Redis restart or SCRIPT FLUSH), so callers never handle script caching.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib import resources
+
+OPERATIONS = (
+    "lease",
+    "release",
+    "renew",
+    "ban",
+    "unban",
+    "add",
+    "remove",
+    "end_session",
+    "site_state",
+)
+
+
+@cache
+def script_source(name: str) -> str:
+    """Full source of one operation: the shared helpers followed by the operation itself."""
+    if name not in OPERATIONS:
+        raise KeyError(f"no Lua script named {name!r}")
+    folder = resources.files("scrapy_proxy_shard") / "lua"
+    lib = (folder / "_lib.lua").read_text(encoding="utf-8")
+    body = (folder / f"{name}.lua").read_text(encoding="utf-8")
+    return f"{lib}\n-- ==== {name}.lua ====\n{body}"
+
+
+def register_all(client) -> dict:
+    """Register every operation on a redis-py client (sync, asyncio or cluster)."""
+    return {name: client.register_script(script_source(name)) for name in OPERATIONS}

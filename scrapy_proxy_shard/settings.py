@@ -1,0 +1,261 @@
+"""Every ``PROXY_SHARD_*`` setting: its default, its meaning, and its validation, in one module.
+
+``ShardSettings.from_settings`` turns a Scrapy ``Settings`` object (or any mapping) into plain,
+validated values once; nothing else reads settings. A bad value raises ``SettingError`` naming the
+setting and the value, never a traceback from deep inside.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .exceptions import SettingError
+from .keys import check_name
+
+DEFAULTS: dict[str, Any] = {
+    "PROXY_SHARD_ENABLED": True,
+    "PROXY_SHARD_REDIS_URL": None,  # falls back to scrapy-redis's REDIS_URL
+    "PROXY_SHARD_REDIS_PARAMS": {},
+    "PROXY_SHARD_NAMESPACE": "proxy_shard",
+    "PROXY_SHARD_POOL": "default",
+    "PROXY_SHARD_HOST_ID": None,  # default "<hostname>:<pid>"
+    "PROXY_SHARD_LEASE_TTL": None,  # default max(60, DOWNLOAD_TIMEOUT + 30) seconds
+    "PROXY_SHARD_MAX_WAIT": 60.0,
+    "PROXY_SHARD_SITE_CONCURRENCY": 1,
+    "PROXY_SHARD_MIN_INTERVAL": 1.0,
+    "PROXY_SHARD_SESSION_TTL": 600.0,
+    "PROXY_SHARD_SITES": {},
+    "PROXY_SHARD_SITE_GROUPS": {},
+    "PROXY_SHARD_BAN_TTL": 1800.0,
+    "PROXY_SHARD_BAN_MAX_TTL": 21600.0,
+    "PROXY_SHARD_BAN_JITTER": 0.1,
+    "PROXY_SHARD_BAN_STRIKE_WINDOW": 86400.0,
+    "PROXY_SHARD_DEAD_TTL": 300.0,
+    "PROXY_SHARD_LATENCY_EWMA_ALPHA": 0.2,
+}
+
+SITE_OPTIONS = ("concurrency", "min_interval")
+
+
+@dataclass(frozen=True)
+class SiteOptions:
+    """Per-site pacing: slots per proxy on the site, and rest between two uses of one slot."""
+
+    concurrency: int
+    min_interval: float
+
+
+@dataclass(frozen=True)
+class BanOptions:
+    """How long quarantines last (seconds): base TTL doubling per strike up to a cap, with jitter."""
+
+    ttl: float = 1800.0
+    max_ttl: float = 21600.0
+    jitter: float = 0.1
+    strike_window: float = 86400.0
+    dead_ttl: float = 300.0
+
+
+@dataclass(frozen=True)
+class ShardSettings:
+    """Validated settings of scrapy-proxy-shard (plain values; build it directly in tests)."""
+
+    enabled: bool = True
+    redis_url: str | None = None
+    redis_params: Mapping[str, Any] = field(default_factory=dict)
+    namespace: str = "proxy_shard"
+    pool: str = "default"
+    host_id: str = field(default_factory=lambda: default_host_id())
+    lease_ttl: float = 210.0
+    max_wait: float = 60.0
+    site_concurrency: int = 1
+    min_interval: float = 1.0
+    session_ttl: float = 600.0
+    sites: Mapping[str, SiteOptions] = field(default_factory=dict)
+    site_groups: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    bans: BanOptions = field(default_factory=BanOptions)
+    latency_ewma_alpha: float = 0.2
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> ShardSettings:
+        """Parse a Scrapy Settings object or a plain mapping."""
+        get = _getter(settings)
+        download_timeout = _number(get, "DOWNLOAD_TIMEOUT", 180.0, minimum=0.0)
+        lease_ttl_raw = get("PROXY_SHARD_LEASE_TTL")
+        if lease_ttl_raw is None:
+            lease_ttl = max(60.0, download_timeout + 30.0)
+        else:
+            lease_ttl = _number(get, "PROXY_SHARD_LEASE_TTL", None, minimum=0.001)
+        redis_url = get("PROXY_SHARD_REDIS_URL") or get("REDIS_URL") or None
+        if redis_url is not None and not isinstance(redis_url, str):
+            raise SettingError(f"PROXY_SHARD_REDIS_URL ({redis_url!r}) must be a redis:// URL string")
+        host_id = get("PROXY_SHARD_HOST_ID") or default_host_id()
+        if not isinstance(host_id, str) or not host_id.strip() or "|" in host_id:
+            raise SettingError(f"PROXY_SHARD_HOST_ID ({host_id!r}) must be a non-empty string without '|'")
+        min_interval = _number(get, "PROXY_SHARD_MIN_INTERVAL", minimum=0.0)
+        concurrency = _integer(get, "PROXY_SHARD_SITE_CONCURRENCY", minimum=1)
+        session_ttl = _number(get, "PROXY_SHARD_SESSION_TTL", minimum=0.001)
+        bans = BanOptions(
+            ttl=_number(get, "PROXY_SHARD_BAN_TTL", minimum=0.001),
+            max_ttl=_number(get, "PROXY_SHARD_BAN_MAX_TTL", minimum=0.001),
+            jitter=_number(get, "PROXY_SHARD_BAN_JITTER", minimum=0.0, maximum=1.0),
+            strike_window=_number(get, "PROXY_SHARD_BAN_STRIKE_WINDOW", minimum=0.0),
+            dead_ttl=_number(get, "PROXY_SHARD_DEAD_TTL", minimum=0.001),
+        )
+        if bans.max_ttl < bans.ttl:
+            raise SettingError(
+                f"PROXY_SHARD_BAN_MAX_TTL ({bans.max_ttl!r}) must be >= PROXY_SHARD_BAN_TTL ({bans.ttl!r})"
+            )
+        return cls(
+            enabled=_boolean(get, "PROXY_SHARD_ENABLED"),
+            redis_url=redis_url,
+            redis_params=_mapping(get, "PROXY_SHARD_REDIS_PARAMS"),
+            namespace=_name(get, "PROXY_SHARD_NAMESPACE", "namespace"),
+            pool=_name(get, "PROXY_SHARD_POOL", "pool"),
+            host_id=host_id,
+            lease_ttl=lease_ttl,
+            max_wait=_number(get, "PROXY_SHARD_MAX_WAIT", minimum=0.0),
+            site_concurrency=concurrency,
+            min_interval=min_interval,
+            session_ttl=session_ttl,
+            sites=_sites(get, concurrency, min_interval),
+            site_groups=_site_groups(get),
+            bans=bans,
+            latency_ewma_alpha=_number(get, "PROXY_SHARD_LATENCY_EWMA_ALPHA", minimum=0.001, maximum=1.0),
+        )
+
+    def site_options(self, site: str) -> SiteOptions:
+        """Pacing for a site key (a registrable domain or a site group)."""
+        return self.sites.get(site) or SiteOptions(self.site_concurrency, self.min_interval)
+
+
+def default_host_id() -> str:
+    """``hostname:pid``: unique per Scrapy process on a cluster, readable in status output."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+# --- parsing helpers: each names the setting and the bad value ---------------------------------
+
+def _getter(settings: Any):
+    if hasattr(settings, "get") and callable(settings.get):
+        def get(name: str, default: Any = None) -> Any:
+            value = settings.get(name)
+            if value is None:
+                return DEFAULTS.get(name, default)
+            return value
+        return get
+    raise SettingError(f"settings must be a Scrapy Settings object or a mapping, got {type(settings).__name__}")
+
+
+def _number(get, name: str, default: Any = None, *, minimum: float | None = None,
+            maximum: float | None = None) -> float:
+    raw = get(name, default)
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        raise SettingError(f"{name} ({raw!r}) must be a number") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise SettingError(f"{name} ({raw!r}) must be a finite number")
+    if minimum is not None and value < minimum:
+        raise SettingError(f"{name} ({raw!r}) must be >= {minimum:g}")
+    if maximum is not None and value > maximum:
+        raise SettingError(f"{name} ({raw!r}) must be <= {maximum:g}")
+    return value
+
+
+def _integer(get, name: str, default: Any = None, *, minimum: int | None = None,
+             maximum: int | None = None) -> int:
+    raw = get(name, default)
+    if isinstance(raw, bool):
+        raise SettingError(f"{name} ({raw!r}) must be a whole number")
+    try:
+        value = int(raw)
+        if isinstance(raw, float) and raw != value:
+            raise ValueError
+    except (TypeError, ValueError):
+        raise SettingError(f"{name} ({raw!r}) must be a whole number") from None
+    if minimum is not None and value < minimum:
+        raise SettingError(f"{name} ({raw!r}) must be >= {minimum}")
+    if maximum is not None and value > maximum:
+        raise SettingError(f"{name} ({raw!r}) must be <= {maximum}")
+    return value
+
+
+def _boolean(get, name: str) -> bool:
+    raw = get(name)
+    if isinstance(raw, bool):
+        return raw
+    if isinstance(raw, int) and raw in (0, 1):
+        return bool(raw)
+    if isinstance(raw, str) and raw.strip().lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        return raw.strip().lower() in ("1", "true", "yes", "on")
+    raise SettingError(f"{name} ({raw!r}) must be True or False")
+
+
+def _mapping(get, name: str) -> dict:
+    raw = get(name)
+    if hasattr(raw, "copy_to_dict"):
+        raw = raw.copy_to_dict()
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw) if raw.strip() else {}
+        except ValueError:
+            raise SettingError(f"{name} ({raw!r}) must be a dict or a JSON object") from None
+    if not isinstance(raw, Mapping):
+        raise SettingError(f"{name} ({raw!r}) must be a dict")
+    return dict(raw)
+
+
+def _name(get, name: str, kind: str) -> str:
+    try:
+        return check_name(kind, get(name))
+    except SettingError as exc:
+        raise SettingError(f"{name}: {exc}") from None
+
+
+def _sites(get, concurrency: int, min_interval: float) -> dict[str, SiteOptions]:
+    from .sites import registrable_domain
+
+    out: dict[str, SiteOptions] = {}
+    for site, options in _mapping(get, "PROXY_SHARD_SITES").items():
+        if not isinstance(options, Mapping):
+            raise SettingError(f"PROXY_SHARD_SITES[{site!r}] ({options!r}) must be a dict")
+        unknown = set(options) - set(SITE_OPTIONS) - _EXTRA_SITE_OPTIONS
+        if unknown:
+            raise SettingError(
+                f"PROXY_SHARD_SITES[{site!r}]: unknown option(s) {sorted(unknown)} "
+                f"(known: {sorted(set(SITE_OPTIONS) | _EXTRA_SITE_OPTIONS)})"
+            )
+        sub = {**options}
+
+        def site_get(key: str, default: Any = None, _sub=sub) -> Any:
+            return _sub.get(key.rsplit(".", 1)[-1], default)
+
+        prefix = f"PROXY_SHARD_SITES[{site!r}]"
+        c = _integer(site_get, f"{prefix}.concurrency", concurrency, minimum=1)
+        i = _number(site_get, f"{prefix}.min_interval", min_interval, minimum=0.0)
+        key = site if "." not in site else registrable_domain(site)
+        out[key] = SiteOptions(c, i)
+    return out
+
+
+# Options read by the ban-detection policy (validated there); accepted here so one dict serves both.
+_EXTRA_SITE_OPTIONS = {"required_css", "min_body_size", "min_body_ratio", "ban_codes", "captcha_patterns"}
+
+
+def _site_groups(get) -> dict[str, tuple[str, ...]]:
+    out: dict[str, tuple[str, ...]] = {}
+    for group, members in _mapping(get, "PROXY_SHARD_SITE_GROUPS").items():
+        if isinstance(members, str):
+            members = [members]
+        if not isinstance(members, (list, tuple, set, frozenset)) or not members:
+            raise SettingError(
+                f"PROXY_SHARD_SITE_GROUPS[{group!r}] ({members!r}) must be a non-empty list of sites"
+            )
+        out[str(group)] = tuple(str(m) for m in members)
+    return out

@@ -1,0 +1,82 @@
+"""Which *site* a request belongs to: the key anti-bot systems count by.
+
+By default a site is the registrable domain of the request URL (``shop.example.co.uk`` →
+``example.co.uk``), from the Public Suffix List snapshot bundled with tldextract (never fetched at run
+time). A site may be mapped to a *site group* — sites that share one blacklist — so one IP is never
+seen on two of them at once and a ban on one counts for all. The lease engine only ever sees the
+resulting key.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Iterable, Mapping
+from functools import lru_cache
+from urllib.parse import urlsplit
+
+import tldextract
+
+from .exceptions import SettingError
+
+_extract = tldextract.TLDExtract(suffix_list_urls=(), cache_dir=None)
+SITE_KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-\[\]:]{0,252}$")
+
+
+@lru_cache(maxsize=4096)
+def registrable_domain(host: str) -> str:
+    """The registrable domain of a host name, or the host itself for IPs and single labels."""
+    host = host.strip().lower().rstrip(".")
+    if not host:
+        raise ValueError("empty host")
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+        return host
+    except ValueError:
+        pass
+    ext = _extract(host)
+    if ext.suffix and ext.domain:
+        return f"{ext.domain}.{ext.suffix}"
+    labels = host.split(".")
+    return ".".join(labels[-2:])  # unknown suffix (e.g. *.test, *.internal): last two labels
+
+
+def site_of_url(url: str) -> str:
+    """Registrable domain of a URL's host."""
+    host = urlsplit(url).hostname
+    if not host:
+        raise ValueError(f"URL has no host: {url!r}")
+    return registrable_domain(host)
+
+
+class SiteMap:
+    """Maps a request URL to its exclusivity key: the site, or the site group it belongs to."""
+
+    def __init__(self, groups: Mapping[str, Iterable[str]] | None = None) -> None:
+        self._group_of: dict[str, str] = {}
+        for group, members in (groups or {}).items():
+            if not isinstance(group, str) or not SITE_KEY_RE.match(group):
+                raise SettingError(
+                    f"PROXY_SHARD_SITE_GROUPS: invalid group name {group!r} "
+                    "(letters, digits, '.', '_' and '-')"
+                )
+            if isinstance(members, str):
+                members = [members]
+            for member in members:
+                site = registrable_domain(str(member))
+                previous = self._group_of.setdefault(site, group)
+                if previous != group:
+                    raise SettingError(
+                        f"PROXY_SHARD_SITE_GROUPS: site {site!r} is in two groups "
+                        f"({previous!r} and {group!r})"
+                    )
+
+    def key_for_site(self, site: str) -> str:
+        site = registrable_domain(site)
+        return self._group_of.get(site, site)
+
+    def key_for_url(self, url: str) -> str:
+        return self._group_of.get(site_of_url(url), site_of_url(url))
+
+    def groups(self) -> dict[str, str]:
+        return dict(self._group_of)

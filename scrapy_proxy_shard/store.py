@@ -1,0 +1,472 @@
+"""The pool store: the only code that talks to Redis.
+
+Every operation is written once, as a *plan*: a generator that yields Redis requests (a Lua script
+call or a plain command) and receives their decoded replies. ``PoolStore`` runs plans with a
+blocking client (CLI, exporter, benchmarks); ``AsyncPoolStore`` runs the very same plans with
+``redis.asyncio`` (the Scrapy middlewares). The state changes themselves live in the Lua scripts of
+``lua/`` (one atomic round trip each); see ``lua/_lib.lua`` for the key layout.
+
+Times in this API are seconds (floats); the scripts work in integer milliseconds of the Redis clock.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import secrets
+from collections.abc import Callable, Generator, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+import redis.asyncio
+
+from . import keys
+from .exceptions import PoolBackendError, UnknownPoolError
+from .proxies import Proxy, make_proxy, mask, parse_proxy, proxy_id
+from .scripts import register_all
+from .settings import BanOptions
+
+OUTCOMES = ("ok", "error", "ban", "dead", "unknown")
+REASON_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789_-:.")
+
+
+# --- results --------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Lease:
+    """A held proxy slot. Present ``token`` to release or renew it; the URL holds credentials."""
+
+    pool: str
+    site: str
+    proxy_id: str
+    proxy_url: str = field(repr=False)
+    member: str
+    token: str = field(repr=False)
+    expires_at: float
+    issued_at: float
+    session_id: str | None = None
+    rebound: bool = False
+
+    @property
+    def masked_url(self) -> str:
+        return mask(self.proxy_url)
+
+
+@dataclass(frozen=True)
+class LeaseWait:
+    """Nothing usable now; ``wait`` seconds until the earliest slot frees up (``reason``:
+    ``pool`` when every slot is busy, cooling or banned, ``session`` for a sticky session's own
+    proxy)."""
+
+    wait: float
+    reason: str
+
+
+@dataclass(frozen=True)
+class ReleaseResult:
+    """``status``: ``ok``; ``stale`` (the lease had expired and another holder has the slot now:
+    nothing was freed); ``expired`` (the lease had expired, nobody held it). ``ban_until`` is the
+    end of a quarantine this release started or joined (Redis clock, seconds), else None."""
+
+    status: str
+    now: float
+    ban_until: float | None = None
+    strikes: int = 0
+
+
+@dataclass(frozen=True)
+class BanResult:
+    until: float
+    strikes: int
+    started: bool
+
+
+@dataclass(frozen=True)
+class AddResult:
+    added: int
+    updated: int
+
+
+@dataclass(frozen=True)
+class SiteState:
+    slots: int
+    free: int
+    held: int
+    blocked: int
+    next_free_in: float
+
+
+@dataclass(frozen=True)
+class BanRecord:
+    proxy_id: str
+    scope: str  # a site key, or "*" for proxy-wide
+    until: float
+    strikes: int
+    reason: str
+    since: float
+
+
+@dataclass(frozen=True)
+class ProxyRecord:
+    proxy: Proxy
+    stats: dict[str, float]
+
+    @property
+    def id(self) -> str:
+        return self.proxy.id
+
+
+# --- requests a plan yields -------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Script:
+    name: str
+    keys: tuple[str, ...]
+    args: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class _Command:
+    args: tuple[Any, ...]
+
+
+Plan = Generator[Any, Any, Any]
+
+
+class _StoreBase:
+    """Plans shared by both stores. Subclasses supply ``_drive`` (sync or async)."""
+
+    def __init__(
+        self,
+        client: Any,
+        *,
+        namespace: str = "proxy_shard",
+        host_id: str = "local",
+        bans: BanOptions | None = None,
+        ewma_alpha: float = 0.2,
+        random_source: Callable[[], float] = random.random,
+        token_factory: Callable[[], str] = lambda: secrets.token_hex(8),
+        url_for_errors: str | None = None,
+    ) -> None:
+        self.client = client
+        self.namespace = keys.check_name("namespace", namespace)
+        self.host_id = host_id
+        self.bans_options = bans or BanOptions()
+        self.ewma_alpha = ewma_alpha
+        self._random = random_source
+        self._token = token_factory
+        self._scripts = register_all(client)
+        self._where = mask(url_for_errors) if url_for_errors else _describe(client)
+
+    def prefix(self, pool: str) -> str:
+        return keys.pool_prefix(self.namespace, keys.check_name("pool", pool))
+
+    # --- leasing -------------------------------------------------------------------------------
+    def lease(self, pool: str, site: str, *, ttl: float, concurrency: int = 1,
+              session_id: str | None = None, session_ttl: float = 600.0):
+        """Lease the slot free longest on ``site``, or continue ``session_id``'s sticky proxy.
+
+        Returns a ``Lease`` or a ``LeaseWait``; raises ``UnknownPoolError`` for an empty pool.
+        """
+        return self._drive(self._lease(pool, site, ttl, concurrency, session_id, session_ttl))
+
+    def _lease(self, pool, site, ttl, concurrency, session_id, session_ttl) -> Plan:
+        token = self._token()
+        reply = yield _Script("lease", (self.prefix(pool),), (
+            site, int(concurrency), _ms(ttl), token, self.host_id, session_id or "",
+            _ms(max(session_ttl, ttl)),
+        ))
+        status = reply[0]
+        if status == "OK":
+            return Lease(
+                pool=pool, site=site, proxy_id=reply[1], proxy_url=reply[2], member=reply[3],
+                token=reply[4], expires_at=int(reply[5]) / 1000, issued_at=int(reply[6]) / 1000,
+                session_id=session_id, rebound=bool(int(reply[8])),
+            )
+        if status == "WAIT":
+            return LeaseWait(int(reply[1]) / 1000, reply[2])
+        if status == "EMPTY":
+            raise UnknownPoolError(
+                f"pool {pool!r} (namespace {self.namespace!r}) holds no proxies: load some first "
+                f"(scrapy-proxy-shard load --pool {pool} FILE, or PROXY_SHARD_PROXIES)"
+            )
+        raise PoolBackendError(f"lease: unexpected reply {status!r}")
+
+    def release(self, lease: Lease, *, outcome: str = "ok", latency: float | None = None,
+                min_interval: float = 0.0, reason: str | None = None,
+                session_ttl: float = 600.0, ban_ttl: float | None = None):
+        """Give a slot back with the request's outcome; ``ban``/``dead`` quarantine the proxy."""
+        return self._drive(self._release(lease, outcome, latency, min_interval, reason,
+                                         session_ttl, ban_ttl))
+
+    def _release(self, lease, outcome, latency, min_interval, reason, session_ttl, ban_ttl) -> Plan:
+        if outcome not in OUTCOMES:
+            raise ValueError(f"outcome must be one of {OUTCOMES}, got {outcome!r}")
+        ban_args = self._ban_args(outcome == "dead", ban_ttl)
+        reply = yield _Script("release", (self.prefix(lease.pool),), (
+            lease.site, lease.member, lease.token, outcome,
+            -1 if latency is None else max(0, round(latency * 1000)),
+            _ms(min_interval), self.host_id, lease.session_id or "",
+            _ms(max(session_ttl, 0.001)), _reason(reason or outcome), *ban_args,
+            repr(float(self.ewma_alpha)),
+        ))
+        until = int(reply[2])
+        return ReleaseResult(reply[0].lower(), int(reply[1]) / 1000,
+                             until / 1000 if until else None, int(reply[3]))
+
+    def renew(self, lease: Lease, ttl: float, *, session_ttl: float = 600.0):
+        """Extend a held lease by ``ttl`` from now; returns the new expiry, or None if lost."""
+        return self._drive(self._renew(lease, ttl, session_ttl))
+
+    def _renew(self, lease, ttl, session_ttl) -> Plan:
+        reply = yield _Script("renew", (self.prefix(lease.pool),), (
+            lease.site, lease.member, lease.token, _ms(ttl), lease.session_id or "",
+            _ms(session_ttl),
+        ))
+        return int(reply[1]) / 1000 if reply[0] == "OK" else None
+
+    def end_session(self, pool: str, site: str, session_id: str, *, min_interval: float = 0.0):
+        """End a sticky session now; its proxy goes back to the site after ``min_interval``."""
+        return self._drive(self._end_session(pool, site, session_id, min_interval))
+
+    def _end_session(self, pool, site, session_id, min_interval) -> Plan:
+        reply = yield _Script("end_session", (self.prefix(pool),), (site, session_id, _ms(min_interval)))
+        return bool(int(reply[1]))
+
+    # --- quarantine ----------------------------------------------------------------------------
+    def ban(self, pool: str, proxy: str, *, site: str | None = None, reason: str = "manual",
+            ttl: float | None = None):
+        """Quarantine a proxy (id or URL) on ``site``, or proxy-wide when ``site`` is None."""
+        return self._drive(self._ban(pool, proxy, site, reason, ttl))
+
+    def _ban(self, pool, proxy, site, reason, ttl) -> Plan:
+        pid = _as_id(proxy)
+        reply = yield _Script("ban", (self.prefix(pool),), (
+            site or "*", pid, _reason(reason), *self._ban_args(site is None, ttl),
+        ))
+        if reply[0] == "UNKNOWN":
+            raise UnknownPoolError(f"pool {pool!r} has no proxy {_shown(proxy)!r}")
+        return BanResult(int(reply[1]) / 1000, int(reply[2]), bool(int(reply[3])))
+
+    def unban(self, pool: str, proxy: str, *, site: str | None = None):
+        """Lift a quarantine (site, or proxy-wide when ``site`` is None); True if one existed."""
+        return self._drive(self._unban(pool, proxy, site))
+
+    def _unban(self, pool, proxy, site) -> Plan:
+        reply = yield _Script("unban", (self.prefix(pool),), (site or "*", _as_id(proxy)))
+        return bool(int(reply[1]))
+
+    def _ban_args(self, proxy_wide: bool, ttl: float | None) -> tuple:
+        opts = self.bans_options
+        base = ttl if ttl is not None else (opts.dead_ttl if proxy_wide else opts.ttl)
+        cap = max(opts.max_ttl, base)
+        jitter = -opts.jitter * self._random()  # subtractive: a capped TTL never exceeds the cap
+        return (_ms(base), _ms(cap), repr(jitter), _ms(opts.strike_window))
+
+    # --- pool administration -------------------------------------------------------------------
+    def add_proxies(self, pool: str, proxies: Iterable[Proxy | str]):
+        """Add proxies (validated; duplicates merged); usable at once by every host."""
+        return self._drive(self._add(pool, proxies))
+
+    def _add(self, pool, proxies) -> Plan:
+        unique: dict[str, Proxy] = {}
+        for entry in proxies:
+            p = entry if isinstance(entry, Proxy) else make_proxy(entry)
+            unique[p.id] = p
+        added = updated = 0
+        items = list(unique.values())
+        for start in range(0, len(items), 500):
+            args: list[str] = []
+            for p in items[start:start + 500]:
+                args += [p.id, p.url, json.dumps(p.tags, sort_keys=True) if p.tags else ""]
+            reply = yield _Script("add", (self.prefix(pool),), tuple(args))
+            added += int(reply[1])
+            updated += int(reply[2])
+        yield _Command(("SADD", keys.pools_registry(self.namespace), pool))
+        return AddResult(added, updated)
+
+    def remove_proxies(self, pool: str, proxies: Iterable[str]):
+        """Drain proxies (ids or URLs): no new leases; running leases finish. Returns the count."""
+        return self._drive(self._remove(pool, proxies))
+
+    def _remove(self, pool, proxies) -> Plan:
+        ids = [_as_id(p) for p in proxies]
+        if not ids:
+            return 0
+        reply = yield _Script("remove", (self.prefix(pool),), tuple(ids))
+        return int(reply[1])
+
+    def list_proxies(self, pool: str):
+        """Every proxy of the pool with its tags and counters."""
+        return self._drive(self._list(pool))
+
+    def _list(self, pool) -> Plan:
+        prefix = self.prefix(pool)
+        urls = yield _Command(("HGETALL", keys.sub_key(prefix, "proxies")))
+        tags = yield _Command(("HGETALL", keys.sub_key(prefix, "tags")))
+        stats = yield _Command(("HGETALL", keys.sub_key(prefix, "pstats")))
+        per_proxy: dict[str, dict[str, float]] = {}
+        for name, value in (stats or {}).items():
+            pid, _, counter = name.rpartition(":")
+            per_proxy.setdefault(pid, {})[counter] = float(value)
+        return [
+            ProxyRecord(Proxy(url, json.loads(tags[pid]) if pid in tags else {}), per_proxy.get(pid, {}))
+            for pid, url in sorted((urls or {}).items())
+        ]
+
+    def pools(self):
+        """Names of the pools of this namespace."""
+        return self._drive(self._pools())
+
+    def _pools(self) -> Plan:
+        names = yield _Command(("SMEMBERS", keys.pools_registry(self.namespace)))
+        return sorted(names or ())
+
+    def site_state(self, pool: str, site: str):
+        """Slots of a site now: free, held, blocked (cooling or quarantined). O(N): not for hot paths."""
+        return self._drive(self._site_state(pool, site))
+
+    def _site_state(self, pool, site) -> Plan:
+        reply = yield _Script("site_state", (self.prefix(pool),), (site,))
+        if reply[0] != "OK":
+            return None
+        slots, free, held, blocked, nxt = (int(x) for x in reply[1:6])
+        return SiteState(slots, free, held, blocked, nxt / 1000)
+
+    def bans(self, pool: str):
+        """Every quarantine entry (running or remembered for escalation), soonest end first."""
+        return self._drive(self._bans(pool))
+
+    def _bans(self, pool) -> Plan:
+        raw = yield _Command(("HGETALL", keys.sub_key(self.prefix(pool), "bans")))
+        records = []
+        for name, value in (raw or {}).items():
+            scope, _, pid = name.rpartition("|")
+            until, strikes, reason, since = value.split("|", 3)
+            records.append(BanRecord(pid, scope, int(until) / 1000, int(strikes), reason, int(since) / 1000))
+        return sorted(records, key=lambda r: r.until)
+
+    def counters(self, pool: str, which: str = "counters"):
+        """A counter hash of the pool: ``counters``, ``pstats``, ``hstats`` or ``sstats``."""
+        return self._drive(self._counters(pool, which))
+
+    def _counters(self, pool, which) -> Plan:
+        if which not in ("counters", "pstats", "hstats", "sstats"):
+            raise ValueError(f"unknown counter hash {which!r}")
+        raw = yield _Command(("HGETALL", keys.sub_key(self.prefix(pool), which)))
+        return {k: float(v) for k, v in (raw or {}).items()}
+
+    def session_proxy(self, pool: str, site: str, session_id: str):
+        """Proxy id a sticky session is bound to now, or None."""
+        return self._drive(self._session_proxy(pool, site, session_id))
+
+    def _session_proxy(self, pool, site, session_id) -> Plan:
+        pid = yield _Command(("HGET", keys.session_key(self.prefix(pool), site, session_id), "p"))
+        return pid or None
+
+    def ping(self):
+        """Check that Redis answers (raises PoolBackendError naming the masked URL)."""
+        return self._drive(self._ping())
+
+    def _ping(self) -> Plan:
+        yield _Command(("PING",))
+        return True
+
+    # --- plumbing --------------------------------------------------------------------------------
+    def _backend_error(self, exc: Exception) -> PoolBackendError:
+        if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
+            return PoolBackendError(f"cannot reach Redis at {self._where}: {exc}")
+        return PoolBackendError(f"Redis at {self._where} answered with an error: {exc}")
+
+
+class PoolStore(_StoreBase):
+    """Blocking store (redis.Redis / redis.RedisCluster): CLI, exporter, benchmarks, tests."""
+
+    def _drive(self, plan: Plan) -> Any:
+        try:
+            request = next(plan)
+            while True:
+                try:
+                    reply = self._execute(request)
+                except redis.RedisError as exc:
+                    raise self._backend_error(exc) from None
+                request = plan.send(_decode(reply))
+        except StopIteration as stop:
+            return stop.value
+
+    def _execute(self, request: Any) -> Any:
+        if isinstance(request, _Script):
+            return self._scripts[request.name](keys=request.keys, args=request.args)
+        return self.client.execute_command(*request.args)
+
+
+class AsyncPoolStore(_StoreBase):
+    """asyncio store (redis.asyncio): what the Scrapy middlewares use."""
+
+    async def _drive(self, plan: Plan) -> Any:
+        try:
+            request = next(plan)
+            while True:
+                try:
+                    reply = await self._execute(request)
+                except redis.RedisError as exc:
+                    raise self._backend_error(exc) from None
+                request = plan.send(_decode(reply))
+        except StopIteration as stop:
+            return stop.value
+
+    async def _execute(self, request: Any) -> Any:
+        if isinstance(request, _Script):
+            return await self._scripts[request.name](keys=request.keys, args=request.args)
+        return await self.client.execute_command(*request.args)
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
+# --- helpers --------------------------------------------------------------------------------------
+
+def _ms(seconds: float) -> int:
+    return max(0, round(float(seconds) * 1000))
+
+
+def _reason(reason: str) -> str:
+    text = str(reason).strip().lower().replace(" ", "_")
+    return "".join(ch if ch in REASON_CHARS else "_" for ch in text)[:64] or "unknown"
+
+
+def _as_id(proxy: str) -> str:
+    """Accept a proxy id (16 hex digits) or a proxy URL."""
+    if isinstance(proxy, Proxy):
+        return proxy.id
+    text = str(proxy).strip()
+    if len(text) == 16 and all(c in "0123456789abcdef" for c in text):
+        return text
+    return proxy_id(parse_proxy(text))
+
+
+def _shown(proxy: Any) -> str:
+    return mask(str(proxy))
+
+
+def _decode(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.decode()
+    if isinstance(value, list):
+        return [_decode(v) for v in value]
+    if isinstance(value, dict):
+        return {_decode(k): _decode(v) for k, v in value.items()}
+    if isinstance(value, set):
+        return {_decode(v) for v in value}
+    return value
+
+
+def _describe(client: Any) -> str:
+    try:
+        kwargs = client.connection_pool.connection_kwargs
+        if "path" in kwargs:
+            return f"unix://{kwargs['path']}"
+        return f"redis://{kwargs.get('host', '?')}:{kwargs.get('port', '?')}/{kwargs.get('db', 0)}"
+    except AttributeError:
+        return type(client).__name__
