@@ -7,7 +7,7 @@ reply (a Redis restart or SCRIPT FLUSH), so callers never handle script caching.
 from __future__ import annotations
 
 from functools import cache
-from importlib import resources
+from pathlib import Path
 
 OPERATIONS = (
     "lease",
@@ -27,7 +27,7 @@ def script_source(name: str) -> str:
     """Full source of one operation: the shared helpers followed by the operation itself."""
     if name not in OPERATIONS:
         raise KeyError(f"no Lua script named {name!r}")
-    folder = resources.files("scrapy_proxy_shard") / "lua"
+    folder = Path(__file__).with_name("lua")
     lib = (folder / "_lib.lua").read_text(encoding="utf-8")
     body = (folder / f"{name}.lua").read_text(encoding="utf-8")
     return f"{lib}\n-- ==== {name}.lua ====\n{body}"

@@ -1,0 +1,843 @@
+"""A local anti-bot web site that punishes a client IP for concurrent or too-fast use.
+
+The whole point of scrapy-proxy-shard is that no two requests use the same proxy IP
+on the same site at the same time, across many crawler processes.  A real site only
+tells you that you got this wrong by banning you, in one of several disguises; this
+site does the same, deterministically, and logs every request with its timing so
+the demo and the end-to-end tests can prove (from the site's point of view, not the
+crawler's) that the rules were respected.
+
+Client identity is the peer IP of the TCP connection.  The local forward proxies in
+:mod:`scrapy_proxy_shard.demo.forward_proxy` each connect from their own loopback
+address (127.0.0.x), so the site sees one IP per proxy, like a real target would.
+
+The module also holds the small HTTP/1.1 plumbing and server-running helpers that
+the forward proxy reuses, so both stay stdlib-only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import html
+import json
+import math
+import os
+import re
+import signal
+import sys
+import threading
+import time
+import zlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from typing import IO, Any, Generic, Protocol, TypeVar
+from urllib.parse import parse_qs, quote, urlsplit
+
+__all__ = [
+    "BAN_STYLES",
+    "DEFAULT_SITES",
+    "AntiBotSite",
+    "HttpError",
+    "HttpHead",
+    "ServerThread",
+    "SiteRules",
+    "main",
+]
+
+DEFAULT_SITES: tuple[str, ...] = ("shop-a.test", "shop-b.test", "market.test")
+
+#: Every disguise a ban can take; each one needs a different detector in the crawler.
+BAN_STYLES: tuple[str, ...] = ("429", "403", "503", "captcha", "stub")
+
+#: Paths a banned client may still fetch and that do not count toward the rules:
+#: a crawler that follows the captcha redirect must not be punished for doing so.
+EXEMPT_PATHS = frozenset({"/captcha", "/robots.txt", "/favicon.ico"})
+
+_CATALOG_RE = re.compile(r"/catalog/(\d{1,6})")
+_FLOW_RE = re.compile(r"/flow/([A-Za-z0-9_.~-]{1,64})/step/(\d{1,4})")
+
+# --------------------------------------------------------------------------------------
+# Minimal HTTP/1.1 plumbing (also used by forward_proxy)
+# --------------------------------------------------------------------------------------
+
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+
+
+class HttpError(Exception):
+    """A message we cannot handle; ``status`` is what to answer the client with."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass
+class HttpHead:
+    """The start line and header fields of one HTTP message, in wire order."""
+
+    start_line: str
+    headers: list[tuple[str, str]] = field(default_factory=list)
+
+    def get(self, name: str, default: str | None = None) -> str | None:
+        """First value of header ``name`` (case-insensitive)."""
+        wanted = name.lower()
+        for key, value in self.headers:
+            if key.lower() == wanted:
+                return value
+        return default
+
+    def tokens(self, name: str) -> set[str]:
+        """Lower-cased comma-separated tokens of every ``name`` header (e.g. Connection)."""
+        wanted = name.lower()
+        found: set[str] = set()
+        for key, value in self.headers:
+            if key.lower() == wanted:
+                found.update(t.strip().lower() for t in value.split(",") if t.strip())
+        return found
+
+
+def parse_head(raw: bytes) -> HttpHead:
+    """Parse a message head (start line + headers, CRLF-terminated) as latin-1 text."""
+    lines = raw.decode("latin-1").split("\r\n")
+    head = HttpHead(lines[0])
+    for line in lines[1:]:
+        if not line:
+            continue
+        name, sep, value = line.partition(":")
+        if not sep or not name or name != name.strip() or line[0] in " \t":
+            raise HttpError(400, "malformed header line")
+        head.headers.append((name, value.strip()))
+    return head
+
+
+async def read_head(reader: asyncio.StreamReader) -> HttpHead | None:
+    """Read one message head; ``None`` when the peer closed cleanly between messages."""
+    while True:
+        try:
+            raw = await reader.readuntil(b"\r\n\r\n")
+        except asyncio.IncompleteReadError as exc:
+            if not exc.partial.strip():
+                return None
+            raise HttpError(400, "truncated message head") from exc
+        except asyncio.LimitOverrunError as exc:
+            raise HttpError(431, "message head too large") from exc
+        # RFC 9112 2.2: ignore empty lines before the start line (stray CRLF after a body).
+        raw = raw.lstrip(b"\r\n")
+        if raw:
+            return parse_head(raw)
+
+
+def parse_request_line(line: str) -> tuple[str, str, str]:
+    """Split ``METHOD target HTTP/1.x`` into its three parts."""
+    parts = line.split(" ")
+    if len(parts) != 3 or not parts[0] or not parts[1]:
+        raise HttpError(400, "malformed request line")
+    method, target, version = parts
+    if version not in ("HTTP/1.0", "HTTP/1.1"):
+        raise HttpError(505, "only HTTP/1.0 and HTTP/1.1 are supported")
+    return method.upper(), target, version
+
+
+def wants_keep_alive(version: str, head: HttpHead) -> bool:
+    """Whether the sender of ``head`` expects the connection to stay open afterwards."""
+    tokens = head.tokens("connection") | head.tokens("proxy-connection")
+    if "close" in tokens:
+        return False
+    if version == "HTTP/1.0":
+        return "keep-alive" in tokens
+    return True
+
+
+def _content_length(head: HttpHead) -> int | None:
+    values = {v.strip() for k, v in head.headers if k.lower() == "content-length"}
+    if not values:
+        return None
+    if len(values) != 1:
+        raise HttpError(400, "conflicting Content-Length headers")
+    value = values.pop()
+    if not value.isdigit():
+        raise HttpError(400, "invalid Content-Length")
+    return int(value)
+
+
+async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
+    parts: list[bytes] = []
+    while True:
+        size_line = await reader.readuntil(b"\r\n")
+        try:
+            size = int(size_line.split(b";", 1)[0].strip(), 16)
+        except ValueError as exc:
+            raise HttpError(400, "invalid chunk size") from exc
+        if size == 0:
+            while await reader.readuntil(b"\r\n") != b"\r\n":  # skip trailer fields
+                pass
+            return b"".join(parts)
+        parts.append(await reader.readexactly(size))
+        await reader.readexactly(2)
+
+
+async def read_body(
+    reader: asyncio.StreamReader,
+    head: HttpHead,
+    *,
+    response_to: str | None = None,
+    status: int | None = None,
+) -> bytes:
+    """Read the body that follows ``head``.
+
+    For a request leave ``response_to`` as ``None``; for a response pass the request
+    method and the status, because HEAD answers and 1xx/204/304 carry no body and a
+    response without framing runs until the connection closes.
+    """
+    if response_to is not None:
+        assert status is not None
+        if response_to == "HEAD" or status in (204, 304) or 100 <= status < 200:
+            return b""
+    if "chunked" in head.tokens("transfer-encoding"):
+        return await _read_chunked(reader)
+    length = _content_length(head)
+    if length is not None:
+        return await reader.readexactly(length)
+    if response_to is not None:
+        return await reader.read()
+    return b""
+
+
+def reason_phrase(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "Unknown"
+
+
+def render_response(
+    status: int,
+    headers: Iterable[tuple[str, str]],
+    body: bytes,
+    *,
+    keep_alive: bool,
+    include_body: bool = True,
+    reason: str | None = None,
+) -> bytes:
+    """Serialise a response framed by Content-Length (never chunked: simpler to verify).
+
+    ``headers`` must not contain Content-Length or Connection; they are added here.
+    """
+    lines = [f"HTTP/1.1 {status} {reason or reason_phrase(status)}"]
+    lines.extend(f"{name}: {value}" for name, value in headers)
+    lines.append(f"Content-Length: {len(body)}")
+    lines.append(f"Connection: {'keep-alive' if keep_alive else 'close'}")
+    head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    return head + body if include_body else head
+
+
+# --------------------------------------------------------------------------------------
+# Running servers: in-process, in a background thread, or as a CLI until a signal
+# --------------------------------------------------------------------------------------
+
+
+class AsyncServer(Protocol):
+    """Anything with async start()/stop(): AntiBotSite, ForwardProxy, ProxyFleet."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+S = TypeVar("S", bound=AsyncServer)
+
+
+class ServerThread(Generic[S]):
+    """Run an async server (site or proxy fleet) on its own event loop in a daemon thread.
+
+    Synchronous callers (tests that drive Scrapy, urllib or http.client) need the
+    server to keep answering while they block; a private loop in a thread does that
+    without touching the caller's reactor or loop.
+    """
+
+    def __init__(self, server: S, *, start_timeout: float = 10.0) -> None:
+        self.server = server
+        self.start_timeout = start_timeout
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop_event: asyncio.Event | None = None
+        self._error: BaseException | None = None
+
+    def start(self) -> S:
+        """Start the server; returns it once it is listening (ports are then known)."""
+        if self._thread is not None:
+            raise RuntimeError("ServerThread already started")
+        self._thread = threading.Thread(target=self._run, name=f"{type(self.server).__name__}-thread", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(self.start_timeout):
+            raise RuntimeError(f"{type(self.server).__name__} did not start in time")
+        if self._error is not None:
+            self._thread.join()
+            raise RuntimeError(f"{type(self.server).__name__} failed to start") from self._error
+        return self.server
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the server and join the thread; safe to call twice."""
+        thread, loop, stop_event = self._thread, self._loop, self._stop_event
+        if thread is None or not thread.is_alive():
+            return
+        if loop is not None and stop_event is not None:
+            with contextlib.suppress(RuntimeError):  # loop already closed
+                loop.call_soon_threadsafe(stop_event.set)
+        thread.join(timeout)
+        if thread.is_alive():
+            raise RuntimeError(f"{type(self.server).__name__} did not stop in time")
+        if self._error is not None:
+            raise RuntimeError(f"{type(self.server).__name__} failed while stopping") from self._error
+
+    def __enter__(self) -> S:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except BaseException as exc:  # reported to the starting thread
+            self._error = exc
+            self._ready.set()
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop_event = asyncio.Event()
+        try:
+            await self.server.start()
+            self._ready.set()
+            await self._stop_event.wait()
+        finally:
+            await self.server.stop()
+
+
+async def run_until_signalled(server: AsyncServer, on_ready: Callable[[], None]) -> None:
+    """Start ``server``, call ``on_ready``, serve until SIGINT/SIGTERM, then stop cleanly."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    signals = (signal.SIGINT, signal.SIGTERM)
+    for sig in signals:
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await server.start()
+        on_ready()
+        await stop.wait()
+    finally:
+        for sig in signals:
+            loop.remove_signal_handler(sig)
+        await server.stop()
+
+
+def write_file_atomically(path: str | os.PathLike[str], text: str) -> None:
+    """Write via rename so a process polling for the file never reads it half-written."""
+    tmp = f"{os.fspath(path)}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+
+
+# --------------------------------------------------------------------------------------
+# The anti-bot site
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SiteRules:
+    """What one client IP may do on one site before it is banned there.
+
+    The defaults are strict on purpose: one request at a time per IP and site, and a
+    minimum gap between request starts, which is exactly the contract the proxy
+    leases are meant to enforce across crawler processes.
+    """
+
+    #: Seconds every response on a known site is held back, so concurrent use shows.
+    latency: float = 0.05
+    #: A request arriving while this many from the same IP are in flight is a violation.
+    max_concurrency: int = 1
+    #: A request starting sooner than this after the previous start is a violation.
+    min_interval: float = 0.2
+    #: How long a violation bans the (IP, site); another violation extends it.
+    ban_seconds: float = 5.0
+    #: Disguises used, in rotation, for responses served while banned.
+    ban_styles: tuple[str, ...] = BAN_STYLES
+
+    def __post_init__(self) -> None:
+        styles = tuple(self.ban_styles)
+        object.__setattr__(self, "ban_styles", styles)
+        if not styles or any(s not in BAN_STYLES for s in styles):
+            raise ValueError(f"ban_styles must be a non-empty subset of {BAN_STYLES}")
+        if self.max_concurrency < 1:
+            raise ValueError("max_concurrency must be >= 1")
+        if min(self.latency, self.min_interval, self.ban_seconds) < 0:
+            raise ValueError("latency, min_interval and ban_seconds must be >= 0")
+
+
+@dataclass
+class _ClientState:
+    """Per (client IP, site) bookkeeping; times are time.monotonic()."""
+
+    in_flight: int = 0
+    last_start: float | None = None
+    banned_until: float = 0.0
+
+
+@dataclass
+class _Reply:
+    status: int
+    body: bytes
+    kind: str
+    headers: list[tuple[str, str]] = field(default_factory=list)
+    content_type: str = "text/html; charset=utf-8"
+
+
+_ADJECTIVES = ("Sturdy", "Compact", "Deluxe", "Classic", "Portable", "Silent", "Bright", "Rugged")
+_NOUNS = ("Kettle", "Lamp", "Backpack", "Headphones", "Blender", "Drill", "Umbrella", "Notebook")
+_FILLER = (
+    "Built for daily use and tested in our own workshop, this item ships in recyclable "
+    "packaging and comes with a two-year warranty. Customers praise its finish, its "
+    "balance and the fact that spare parts remain available for many years. "
+)
+_STUB_BODY = b"<html><head><title>Loading</title></head><body><p>Please wait&hellip;</p></body></html>"
+
+
+def _html_page(title: str, body: str) -> bytes:
+    return (
+        '<!DOCTYPE html>\n<html><head><meta charset="utf-8">'
+        f"<title>{html.escape(title)}</title></head>\n<body>\n{body}\n</body></html>\n"
+    ).encode()
+
+
+class AntiBotSite:
+    """Virtual-hosted HTTP/1.1 test site with per-(client IP, site) anti-bot rules.
+
+    Use ``async with AntiBotSite(...) as site:`` in async code, ``ServerThread(site)``
+    from synchronous code, or the module CLI.  Every request is appended to
+    ``entries`` and, if ``log_path`` is set, to a JSON-lines file flushed per line.
+    """
+
+    def __init__(
+        self,
+        *,
+        sites: Sequence[str] = DEFAULT_SITES,
+        rules: SiteRules | None = None,
+        site_rules: Mapping[str, SiteRules] | None = None,
+        pages_per_site: int = 30,
+        flow_steps: int = 4,
+        log_path: str | os.PathLike[str] | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        idle_timeout: float = 30.0,
+        keep_entries: bool = True,
+    ) -> None:
+        if not sites:
+            raise ValueError("at least one site is required")
+        if pages_per_site < 1 or flow_steps < 1:
+            raise ValueError("pages_per_site and flow_steps must be >= 1")
+        self.sites: tuple[str, ...] = tuple(s.lower() for s in sites)
+        self.rules = rules or SiteRules()
+        self.site_rules = {k.lower(): v for k, v in (site_rules or {}).items()}
+        self.pages_per_site = pages_per_site
+        self.flow_steps = flow_steps
+        self.log_path = log_path
+        self.host = host
+        self.idle_timeout = idle_timeout
+        self.keep_entries = keep_entries
+        self.entries: list[dict[str, Any]] = []
+        self._requested_port = port
+        self._port: int | None = None
+        self._server: asyncio.AbstractServer | None = None
+        self._log: IO[str] | None = None
+        self._connections: set[asyncio.Task[Any]] = set()
+        self._clients: dict[tuple[str, str], _ClientState] = {}
+        self._flows: dict[tuple[str, str], str] = {}  # (site, flow_id) -> owning IP
+        self._ban_counter = 0
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            raise RuntimeError("AntiBotSite is not started")
+        return self._port
+
+    @property
+    def base_url(self) -> str:
+        """``http://127.0.0.1:PORT`` -- send a Host header to pick the virtual site."""
+        return f"http://{self.host}:{self.port}"
+
+    def rules_for(self, site: str) -> SiteRules:
+        return self.site_rules.get(site, self.rules)
+
+    async def start(self) -> None:
+        if self._server is not None:
+            raise RuntimeError("AntiBotSite already started")
+        if self.log_path is not None:
+            self._log = open(self.log_path, "a", encoding="utf-8")  # noqa: SIM115
+        try:
+            self._server = await asyncio.start_server(self._handle_connection, self.host, self._requested_port)
+        except BaseException:
+            self._close_log()
+            raise
+        self._port = self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        """Stop listening, drop open connections (cancelling in-flight requests), close log."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
+        tasks = list(self._connections)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if server is not None:
+            await server.wait_closed()
+        self._close_log()
+
+    async def __aenter__(self) -> AntiBotSite:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+    def _close_log(self) -> None:
+        log, self._log = self._log, None
+        if log is not None:
+            log.close()
+
+    # -- connection handling ---------------------------------------------------------
+
+    async def _handle_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._connections.add(task)
+        peer = writer.get_extra_info("peername")
+        ip = peer[0] if peer else "unknown"
+        try:
+            while True:
+                try:
+                    head = await asyncio.wait_for(read_head(reader), self.idle_timeout)
+                    if head is None:
+                        break
+                    method, target, version = parse_request_line(head.start_line)
+                    await read_body(reader, head)  # requests bodies are accepted and ignored
+                except HttpError as exc:
+                    writer.write(
+                        render_response(
+                            exc.status,
+                            [("Content-Type", "text/plain")],
+                            exc.message.encode(),
+                            keep_alive=False,
+                        )
+                    )
+                    await writer.drain()
+                    break
+                if not await self._serve(ip, method, target, version, head, writer):
+                    break
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.TimeoutError):
+            pass
+        finally:
+            if task is not None:
+                self._connections.discard(task)
+            writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
+
+    @staticmethod
+    def _locate(target: str, head: HttpHead) -> tuple[str, str]:
+        """(site, origin-form path) from an origin-form or absolute-form target."""
+        if target.startswith(("http://", "https://")):
+            parts = urlsplit(target)
+            authority = parts.netloc.rpartition("@")[2]
+            path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        else:
+            authority = head.get("host") or ""
+            path = target
+        try:
+            site = urlsplit(f"//{authority}").hostname or ""
+        except ValueError:
+            site = authority.partition(":")[0].lower()
+        return site.rstrip("."), path
+
+    async def _serve(
+        self,
+        ip: str,
+        method: str,
+        target: str,
+        version: str,
+        head: HttpHead,
+        writer: asyncio.StreamWriter,
+    ) -> bool:
+        """Answer one request; returns whether the connection should stay open."""
+        site, path = self._locate(target, head)
+        route = urlsplit(path).path
+        keep_alive = wants_keep_alive(version, head)
+        start, now = time.time(), time.monotonic()
+        entry: dict[str, Any] = {
+            "start": start,
+            "end": None,
+            "ip": ip,
+            "site": site,
+            "method": method,
+            "path": path,
+            "status": None,
+            "kind": None,
+            "bytes": None,
+            "violation": None,
+            "banned": False,
+            "ban_style": None,
+            "flow_id": None,
+            "step": None,
+            "ip_changed": None,
+            "flow_done": None,
+        }
+        state: _ClientState | None = None
+        latency = 0.0
+        if site not in self.sites:
+            reply = _Reply(404, f"unknown site {site!r}".encode(), "notfound", content_type="text/plain")
+        else:
+            rules = self.rules_for(site)
+            latency = rules.latency
+            exempt = route in EXEMPT_PATHS
+            client = self._clients.setdefault((ip, site), _ClientState())
+            if not exempt:
+                state = client
+                entry["violation"] = self._check_rules(client, rules, now)
+                client.in_flight += 1
+            entry["banned"] = client.banned_until > now
+            if entry["banned"] and not exempt:
+                reply = self._ban_reply(rules, client, now, path, entry)
+            else:
+                reply = self._route(ip, site, route, path, entry)
+
+        cancelled = False
+        try:
+            if latency > 0:
+                await asyncio.sleep(latency)
+            headers = [("Content-Type", reply.content_type), *reply.headers]
+            writer.write(
+                render_response(
+                    reply.status,
+                    headers,
+                    reply.body,
+                    keep_alive=keep_alive,
+                    include_body=method != "HEAD",
+                )
+            )
+            await writer.drain()
+        except asyncio.CancelledError:
+            cancelled = True  # server shutting down: the request never completed
+            raise
+        finally:
+            # Taking `end` and releasing the in-flight slot in one synchronous step keeps
+            # the log's [start, end) intervals consistent with the concurrency verdicts.
+            end = time.time()
+            if state is not None:
+                state.in_flight -= 1
+            if not cancelled:
+                entry.update(end=end, status=reply.status, kind=reply.kind, bytes=len(reply.body))
+                self._record(entry)
+        return keep_alive
+
+    @staticmethod
+    def _check_rules(client: _ClientState, rules: SiteRules, now: float) -> str | None:
+        violation = None
+        if client.in_flight >= rules.max_concurrency:
+            violation = "concurrency"
+        elif client.last_start is not None and now - client.last_start < rules.min_interval:
+            violation = "rate"
+        client.last_start = now
+        if violation is not None:
+            client.banned_until = max(client.banned_until, now + rules.ban_seconds)
+        return violation
+
+    def _ban_reply(
+        self, rules: SiteRules, client: _ClientState, now: float, path: str, entry: dict[str, Any]
+    ) -> _Reply:
+        # One site-wide counter: deterministic for a given request order, and it spreads
+        # the disguises over different clients so every detector gets exercised.
+        style = rules.ban_styles[self._ban_counter % len(rules.ban_styles)]
+        self._ban_counter += 1
+        entry["ban_style"] = style
+        retry_after = [("Retry-After", str(max(1, math.ceil(client.banned_until - now))))]
+        if style == "429":
+            return _Reply(429, b"Too Many Requests", "ban", retry_after, "text/plain")
+        if style == "403":
+            body = _html_page("Access denied", "<h1>Access denied</h1><p>Request blocked.</p>")
+            return _Reply(403, body, "ban")
+        if style == "503":
+            return _Reply(503, b"Service temporarily unavailable", "ban", retry_after, "text/plain")
+        if style == "captcha":
+            location = "/captcha?return=" + quote(path, safe="")
+            return _Reply(302, b"", "captcha", [("Location", location)], "text/plain")
+        return _Reply(200, _STUB_BODY, "stub")
+
+    def _route(self, ip: str, site: str, route: str, path: str, entry: dict[str, Any]) -> _Reply:
+        if route == "/":
+            return self._index(site)
+        match = _CATALOG_RE.fullmatch(route)
+        if match and 1 <= int(match.group(1)) <= self.pages_per_site:
+            return self._catalog_page(site, int(match.group(1)))
+        match = _FLOW_RE.fullmatch(route)
+        if match:
+            return self._flow_step(ip, site, match.group(1), int(match.group(2)), entry)
+        if route == "/captcha":
+            return self._captcha_page(path)
+        return _Reply(404, _html_page("Not found", "<h1>Not found</h1>"), "notfound")
+
+    def _index(self, site: str) -> _Reply:
+        links = "\n".join(
+            f'<li><a class="product-link" href="/catalog/{n}">Product {n}</a></li>'
+            for n in range(1, self.pages_per_site + 1)
+        )
+        body = f'<h1 class="site">{html.escape(site)}</h1>\n<ul class="catalog">\n{links}\n</ul>'
+        return _Reply(200, _html_page(f"{site} catalog", body), "index")
+
+    def _catalog_page(self, site: str, n: int) -> _Reply:
+        seed = zlib.crc32(f"{site}/{n}".encode())
+        title = f"{_ADJECTIVES[seed % 8]} {_NOUNS[(seed >> 3) % 8]} {n}"
+        price = f"{1 + (seed >> 6) % 20000 / 100:.2f}"
+        product_id = f"{site.split('.')[0]}-{n:04d}"
+        specs = "\n".join(f"<tr><th>Property {i}</th><td>{(seed >> i) % 97} units</td></tr>" for i in range(1, 13))
+        nav = "".join(
+            f'<a class="nav" href="/catalog/{m}">Product {m}</a> '
+            for m in (n - 1, n + 1)
+            if 1 <= m <= self.pages_per_site
+        )
+        body = (
+            f'<div class="product" data-id="{product_id}">\n'
+            f'<h1 class="title">{html.escape(title)}</h1>\n'
+            f'<span class="price">{price}</span>\n'
+            f'<div class="description"><p>{_FILLER * 4}</p><p>{_FILLER * 3}</p></div>\n'
+            f'<table class="specs">\n{specs}\n</table>\n'
+            f'<nav>{nav}<a href="/">Back to catalog</a></nav>\n'
+            "</div>"
+        )
+        return _Reply(200, _html_page(f"{title} | {site}", body), "page")
+
+    def _flow_step(self, ip: str, site: str, flow_id: str, step: int, entry: dict[str, Any]) -> _Reply:
+        entry.update(flow_id=flow_id, step=step, ip_changed=False, flow_done=False)
+        if not 1 <= step <= self.flow_steps:
+            return _Reply(404, _html_page("Not found", "<h1>No such step</h1>"), "notfound")
+        key = (site, flow_id)
+        if step == 1:
+            self._flows[key] = ip  # (re)starting a flow binds it to the caller's IP
+        else:
+            owner = self._flows.get(key)
+            if owner is None:
+                return _Reply(403, b"flow not started", "flow", content_type="text/plain")
+            if owner != ip:
+                entry["ip_changed"] = True
+                return _Reply(403, b"session ip changed", "flow", content_type="text/plain")
+        if step == self.flow_steps:
+            entry["flow_done"] = True
+            tail = f'<div class="flow-done">Flow {html.escape(flow_id)} complete.</div>'
+        else:
+            nxt = f"/flow/{quote(flow_id)}/step/{step + 1}"
+            tail = f'<a class="next-step" href="{nxt}">Continue to step {step + 1}</a>'
+        body = (
+            f'<div class="flow-step" data-flow="{html.escape(flow_id)}" data-step="{step}">\n'
+            f"<h1>Checkout step {step} of {self.flow_steps}</h1>\n"
+            f"<p>{_FILLER * 4}</p>\n{tail}\n</div>"
+        )
+        return _Reply(200, _html_page(f"Step {step}", body), "flow")
+
+    @staticmethod
+    def _captcha_page(path: str) -> _Reply:
+        back = parse_qs(urlsplit(path).query).get("return", ["/"])[0]
+        body = (
+            '<div class="captcha"><h1>Please verify you are human</h1>'
+            f'<form method="post" action="/captcha"><input type="hidden" name="return" '
+            f'value="{html.escape(back)}"><button>I am not a robot</button></form></div>'
+        )
+        return _Reply(200, _html_page("Verify you are human", body), "captcha")
+
+    def _record(self, entry: dict[str, Any]) -> None:
+        if self.keep_entries:
+            self.entries.append(entry)
+        if self._log is not None:
+            self._log.write(json.dumps(entry) + "\n")
+            self._log.flush()
+
+
+# --------------------------------------------------------------------------------------
+# CLI
+# --------------------------------------------------------------------------------------
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    defaults = SiteRules()
+    p = argparse.ArgumentParser(
+        prog="python -m scrapy_proxy_shard.demo.site",
+        description="Local anti-bot test site (prints the bound port on stdout when ready).",
+    )
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0, help="0 = ephemeral")
+    p.add_argument("--log", help="JSON-lines request log (appended)")
+    p.add_argument("--ready-file", help="written atomically with the bound port when ready")
+    p.add_argument("--sites", default=",".join(DEFAULT_SITES), help="comma-separated hosts")
+    p.add_argument("--pages-per-site", type=int, default=30)
+    p.add_argument("--flow-steps", type=int, default=4)
+    p.add_argument("--latency", type=float, default=defaults.latency)
+    p.add_argument("--max-concurrency", type=int, default=defaults.max_concurrency)
+    p.add_argument("--min-interval", type=float, default=defaults.min_interval)
+    p.add_argument("--ban-seconds", type=float, default=defaults.ban_seconds)
+    p.add_argument("--ban-styles", default=",".join(BAN_STYLES), help="comma-separated")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _build_parser().parse_args(argv)
+    rules = SiteRules(
+        latency=args.latency,
+        max_concurrency=args.max_concurrency,
+        min_interval=args.min_interval,
+        ban_seconds=args.ban_seconds,
+        ban_styles=tuple(s.strip() for s in args.ban_styles.split(",") if s.strip()),
+    )
+    site = AntiBotSite(
+        sites=[s.strip() for s in args.sites.split(",") if s.strip()],
+        rules=rules,
+        pages_per_site=args.pages_per_site,
+        flow_steps=args.flow_steps,
+        log_path=args.log,
+        host=args.host,
+        port=args.port,
+    )
+
+    def ready() -> None:
+        print(site.port, flush=True)
+        print(
+            f"anti-bot site on {site.base_url} serving {', '.join(site.sites)}",
+            file=sys.stderr,
+            flush=True,
+        )
+        if args.ready_file:
+            write_file_atomically(args.ready_file, f"{site.port}\n")
+
+    asyncio.run(run_until_signalled(site, ready))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

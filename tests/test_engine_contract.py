@@ -1,0 +1,312 @@
+"""The lease engine's contract, run against fakeredis and a real redis-server alike.
+
+TTLs are shortened to fractions of a second instead of sleeping through real ones.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from scrapy_proxy_shard.exceptions import SettingError, UnknownPoolError
+from scrapy_proxy_shard.sites import SiteMap
+from scrapy_proxy_shard.store import Lease, LeaseWait
+
+POOL = "main"
+URLS = ["http://10.0.0.1:8000", "http://10.0.0.2:8000", "http://user:Pa55word@10.0.0.3:8000"]
+
+
+@pytest.fixture
+def pool(store):
+    store.add_proxies(POOL, URLS)
+    return store
+
+
+def lease_ok(store, site="a.example", **kw) -> Lease:
+    kw.setdefault("ttl", 5)
+    result = store.lease(POOL, site, **kw)
+    assert isinstance(result, Lease), result
+    return result
+
+
+def test_least_recently_used_rotation(pool):
+    seen = []
+    for _ in range(6):
+        result = pool.lease(POOL, "a.example", ttl=5)
+        while isinstance(result, LeaseWait):
+            time.sleep(result.wait)
+            result = pool.lease(POOL, "a.example", ttl=5)
+        seen.append(result.proxy_id)
+        pool.release(result, min_interval=0.01)
+    assert seen[:3] == seen[3:]
+    assert len(set(seen[:3])) == 3
+
+
+def test_one_proxy_serves_one_request_per_site_but_many_sites(pool):
+    held = {lease_ok(pool).proxy_id for _ in range(3)}
+    assert len(held) == 3
+    wait = pool.lease(POOL, "a.example", ttl=5)
+    assert isinstance(wait, LeaseWait) and wait.reason == "pool"
+    assert 4.0 < wait.wait <= 5.0  # until the earliest lease expires
+    other = {lease_ok(pool, "b.example").proxy_id for _ in range(3)}
+    assert other == held  # the same IPs serve another site at the same time
+
+
+def test_site_concurrency_gives_that_many_slots(pool):
+    leases = [lease_ok(pool, concurrency=2) for _ in range(6)]
+    per_proxy = {}
+    for lease in leases:
+        per_proxy[lease.proxy_id] = per_proxy.get(lease.proxy_id, 0) + 1
+    assert sorted(per_proxy.values()) == [2, 2, 2]
+    assert isinstance(pool.lease(POOL, "a.example", ttl=5, concurrency=2), LeaseWait)
+
+
+def test_min_interval_paces_a_slot_and_wait_says_how_long(store):
+    store.add_proxies(POOL, URLS[:1])
+    lease = lease_ok(store)
+    store.release(lease, min_interval=0.3)
+    wait = store.lease(POOL, "a.example", ttl=5)
+    assert isinstance(wait, LeaseWait)
+    assert 0.2 < wait.wait <= 0.3
+    time.sleep(wait.wait + 0.02)
+    assert lease_ok(store).proxy_id == lease.proxy_id
+
+
+def test_dead_holder_lease_expires_and_stale_release_is_a_counted_no_op(store):
+    store.add_proxies(POOL, URLS[:1])
+    first = lease_ok(store, ttl=0.2)
+    time.sleep(0.25)
+    second = lease_ok(store, ttl=5)
+    assert second.proxy_id == first.proxy_id
+    result = store.release(first)  # late: someone else holds the slot now
+    assert result.status == "stale"
+    assert isinstance(store.lease(POOL, "a.example", ttl=5), LeaseWait)  # still held by `second`
+    assert store.release(second).status == "ok"
+    assert store.counters(POOL)["stale"] == 1
+
+
+def test_release_of_expired_unclaimed_lease_reports_expired(store):
+    store.add_proxies(POOL, URLS[:1])
+    lease = lease_ok(store, ttl=0.1)
+    time.sleep(0.15)
+    assert store.release(lease).status == "expired"
+    assert store.counters(POOL)["expired"] == 1
+
+
+def test_renew_keeps_a_long_download_leased(store):
+    store.add_proxies(POOL, URLS[:1])
+    lease = lease_ok(store, ttl=0.3)
+    new_expiry = store.renew(lease, 5)
+    assert new_expiry is not None and new_expiry > lease.expires_at
+    time.sleep(0.35)
+    assert isinstance(store.lease(POOL, "a.example", ttl=5), LeaseWait)
+    assert store.release(lease).status == "ok"
+
+
+def test_renew_of_lost_lease_returns_none(store):
+    store.add_proxies(POOL, URLS[:1])
+    lease = lease_ok(store, ttl=0.1)
+    time.sleep(0.15)
+    lease_ok(store)
+    assert store.renew(lease, 5) is None
+
+
+def test_ban_quarantines_on_that_site_only_and_expires_by_itself(store):
+    store.add_proxies(POOL, URLS[:1])
+    lease = lease_ok(store)
+    result = store.release(lease, outcome="ban", reason="http_403")
+    assert result.status == "ok" and result.strikes == 1
+    assert 0.25 < result.ban_until - result.now <= 0.3 + 1e-6
+    assert isinstance(store.lease(POOL, "a.example", ttl=5), LeaseWait)
+    assert lease_ok(store, "b.example").proxy_id == lease.proxy_id  # other sites unaffected
+    time.sleep(0.32)
+    assert lease_ok(store).proxy_id == lease.proxy_id  # back without any reaper
+
+
+def test_ban_escalates_doubling_and_caps(store):
+    store.add_proxies(POOL, URLS[:1])
+    pid = lease_ok(store).proxy_id
+    durations = []
+    for _ in range(4):
+        now = time.time()
+        res = store.ban(POOL, pid, site="x.example", reason="captcha")
+        durations.append((res.until - now, res.strikes))
+        time.sleep(res.until - time.time() + 0.02)
+    strikes = [s for _, s in durations]
+    assert strikes == [1, 2, 3, 4]
+    lengths = [round(d, 1) for d, _ in durations]
+    assert lengths[0] == pytest.approx(0.3, abs=0.06)
+    assert lengths[1] == pytest.approx(0.6, abs=0.06)
+    assert lengths[2] == pytest.approx(1.2, abs=0.06)
+    assert lengths[3] == pytest.approx(1.2, abs=0.06)  # capped at max_ttl
+
+
+def test_jitter_shortens_within_bounds(make_store):
+    from scrapy_proxy_shard.settings import BanOptions
+
+    store = make_store(bans=BanOptions(ttl=10, max_ttl=10, jitter=0.5), random_source=lambda: 1.0)
+    store.add_proxies(POOL, URLS[:1])
+    pid = lease_ok(store).proxy_id
+    now = time.time()
+    res = store.ban(POOL, pid, site="a.example")
+    assert res.until - now == pytest.approx(5.0, abs=0.1)
+
+
+def test_simultaneous_ban_reports_count_one_strike(pool):
+    leases = [lease_ok(pool, concurrency=3) for _ in range(3)]
+    same = [lease for lease in leases if lease.proxy_id == leases[0].proxy_id]
+    results = [pool.release(lease, outcome="ban", reason="http_429") for lease in same]
+    assert [r.strikes for r in results] == [1] * len(same)
+    assert len({r.ban_until for r in results}) == 1
+
+
+def test_dead_proxy_is_quarantined_on_every_site_including_new_ones(store):
+    store.add_proxies(POOL, URLS[:1])
+    lease = lease_ok(store)
+    lease_ok(store, "b.example")
+    store.release(lease, outcome="dead", reason="connection_refused")
+    for site in ("a.example", "b.example", "never-seen.example"):
+        assert isinstance(store.lease(POOL, site, ttl=5), LeaseWait), site
+    time.sleep(0.32)
+    assert lease_ok(store, "never-seen.example").proxy_id == lease.proxy_id
+
+
+def test_unban_returns_proxy_at_once_but_not_a_held_slot(store):
+    store.add_proxies(POOL, URLS[:2])
+    first = lease_ok(store)
+    second = lease_ok(store)
+    store.ban(POOL, first.proxy_id, site="a.example", ttl=60)
+    store.ban(POOL, second.proxy_id, site="a.example", ttl=60)
+    store.release(first)  # released while banned: stays quarantined
+    assert isinstance(store.lease(POOL, "a.example", ttl=5), LeaseWait)
+    assert store.unban(POOL, first.proxy_id, site="a.example") is True
+    assert store.unban(POOL, second.proxy_id, site="a.example") is True
+    again = lease_ok(store)
+    assert again.proxy_id == first.proxy_id  # second is still held by its running lease
+    assert isinstance(store.lease(POOL, "a.example", ttl=5), LeaseWait)
+
+
+def test_site_group_shares_exclusivity_and_bans(store):
+    sites = SiteMap({"marketplace": ["shop-one.example", "shop-two.example"]})
+    store.add_proxies(POOL, URLS[:1])
+    key_one = sites.key_for_url("https://www.shop-one.example/item/1")
+    key_two = sites.key_for_url("https://shop-two.example/")
+    assert key_one == key_two == "marketplace"
+    lease = lease_ok(store, key_one)
+    assert isinstance(store.lease(POOL, key_two, ttl=5), LeaseWait)  # one IP, one group at a time
+    store.release(lease, outcome="ban", reason="http_403")
+    assert isinstance(store.lease(POOL, key_two, ttl=5), LeaseWait)  # the ban counts on both
+    assert isinstance(store.lease(POOL, sites.key_for_url("http://other.example/"), ttl=5), Lease)
+
+
+def test_sticky_session_keeps_its_proxy_across_hosts(make_store):
+    host_a, host_b = make_store("host-a"), make_store("host-b")
+    host_a.add_proxies(POOL, URLS)
+    first = host_a.lease(POOL, "shop.example", ttl=5, session_id="cart-1")
+    host_a.release(first, min_interval=0.0)
+    proxies = {first.proxy_id}
+    for step in range(6):
+        store = (host_a, host_b)[step % 2]
+        lease = store.lease(POOL, "shop.example", ttl=5, session_id="cart-1")
+        assert isinstance(lease, Lease) and not lease.rebound
+        proxies.add(lease.proxy_id)
+        store.release(lease)
+    assert proxies == {first.proxy_id}
+
+
+def test_session_holds_its_ip_on_the_site_for_its_lifetime(pool):
+    session = lease_ok(pool, session_id="s1", session_ttl=60)
+    pool.release(session)
+    others = {lease_ok(pool).proxy_id for _ in range(2)}
+    assert session.proxy_id not in others  # nobody else gets the session's IP on that site
+    assert isinstance(pool.lease(POOL, "a.example", ttl=5), LeaseWait)
+    assert lease_ok(pool, "b.example").proxy_id  # other sites still may use it
+    assert pool.end_session(POOL, "a.example", "s1") is True
+    assert lease_ok(pool).proxy_id == session.proxy_id
+
+
+def test_session_waits_for_its_own_interval_then_continues(pool):
+    session = lease_ok(pool, session_id="s1")
+    busy = pool.lease(POOL, "a.example", ttl=5, session_id="s1")
+    assert isinstance(busy, LeaseWait) and busy.reason == "session"
+    pool.release(session, min_interval=0.2)
+    wait = pool.lease(POOL, "a.example", ttl=5, session_id="s1")
+    assert isinstance(wait, LeaseWait) and 0.1 < wait.wait <= 0.2
+    time.sleep(wait.wait + 0.02)
+    assert lease_ok(pool, session_id="s1").proxy_id == session.proxy_id
+
+
+def test_session_expires_by_itself(pool):
+    session = lease_ok(pool, session_id="s1", ttl=0.1, session_ttl=0.2)
+    pool.release(session, session_ttl=0.2)
+    time.sleep(0.25)
+    assert pool.session_proxy(POOL, "a.example", "s1") is None
+    assert len({lease_ok(pool).proxy_id for _ in range(3)}) == 3
+
+
+def test_banned_session_proxy_is_rebound_and_reported(pool):
+    session = lease_ok(pool, session_id="s1")
+    pool.release(session, outcome="ban", reason="http_403")
+    again = lease_ok(pool, session_id="s1")
+    assert again.rebound is True
+    assert again.proxy_id != session.proxy_id
+    pool.release(again)
+    third = lease_ok(pool, session_id="s1")
+    assert third.proxy_id == again.proxy_id and third.rebound is False
+    assert pool.counters(POOL)["rebinds"] == 1
+
+
+def test_removed_proxy_drains(pool):
+    held = lease_ok(pool)
+    assert pool.remove_proxies(POOL, [held.proxy_id]) == 1
+    seen = {lease_ok(pool).proxy_id for _ in range(2)}
+    assert held.proxy_id not in seen
+    assert isinstance(pool.lease(POOL, "a.example", ttl=5), LeaseWait)
+    assert pool.release(held).status == "ok"  # the running lease finishes normally
+    assert isinstance(pool.lease(POOL, "a.example", ttl=5), LeaseWait)  # but is not handed out again
+    assert len(pool.list_proxies(POOL)) == 2
+
+
+def test_added_proxy_is_usable_at_once_on_known_sites(pool):
+    for _ in range(3):
+        lease_ok(pool)
+    result = pool.add_proxies(POOL, ["http://10.0.0.9:8000", URLS[0]])
+    assert (result.added, result.updated) == (1, 1)
+    assert lease_ok(pool).masked_url == "http://10.0.0.9:8000"
+
+
+def test_empty_or_unknown_pool_is_a_clear_error(store):
+    with pytest.raises(UnknownPoolError, match=r"pool 'nope'.*holds no proxies"):
+        store.lease("nope", "a.example", ttl=5)
+    with pytest.raises(SettingError, match="invalid pool name"):
+        store.lease("bad pool!", "a.example", ttl=5)
+
+
+def test_counters_and_latency_are_kept_in_the_same_calls(pool):
+    lease = lease_ok(pool)
+    pool.release(lease, latency=0.100)
+    lease = lease_ok(pool, "b.example")
+    pool.release(lease, latency=0.200)
+    lease2 = lease_ok(pool, "c.example")
+    pool.release(lease2, outcome="error")
+    stats = {r.id: r.stats for r in pool.list_proxies(POOL)}
+    first = stats[lease.proxy_id]
+    assert first["l"] >= 2 and first["ok"] == 2
+    assert first["lat"] == pytest.approx(100 + 0.2 * (200 - 100))
+    hosts = pool.counters(POOL, "hstats")
+    assert hosts["host-a:l"] == 3 and hosts["host-a:ok"] == 2 and hosts["host-a:err"] == 1
+
+
+def test_credentials_never_reach_key_names(pool, backend):
+    lease_ok(pool, session_id="s1")
+    pool.ban(POOL, URLS[2], site="a.example")
+    names = " ".join(backend.scan_iter("*"))
+    assert "Pa55word" not in names and "user" not in names and "10.0.0." not in names
+    assert all(name.startswith(("{t:main}", "t:pools")) for name in backend.scan_iter("*"))
+
+
+def test_list_proxies_masks_in_repr_only(pool):
+    records = pool.list_proxies(POOL)
+    assert {r.proxy.url for r in records} == set(URLS)
+    assert "Pa55word" not in repr(records)

@@ -1,0 +1,76 @@
+import pytest
+from scrapy.settings import Settings
+
+from scrapy_proxy_shard.connection import async_client, client_params, redis_url_of
+from scrapy_proxy_shard.exceptions import SettingError
+from scrapy_proxy_shard.settings import ShardSettings, SiteOptions
+
+
+def parse(**values):
+    return ShardSettings.from_settings(Settings(values))
+
+
+def test_defaults_are_sane():
+    s = parse()
+    assert s.enabled and s.pool == "default" and s.namespace == "proxy_shard"
+    assert s.lease_ttl == 210.0  # DOWNLOAD_TIMEOUT (180) + 30: a live download never loses its lease
+    assert s.site_options("any.example") == SiteOptions(1, 1.0)
+    assert ":" in s.host_id
+
+
+def test_lease_ttl_follows_download_timeout_unless_set():
+    assert parse(DOWNLOAD_TIMEOUT=20).lease_ttl == 60.0
+    assert parse(DOWNLOAD_TIMEOUT=100).lease_ttl == 130.0
+    assert parse(PROXY_SHARD_LEASE_TTL=15).lease_ttl == 15.0
+
+
+def test_redis_url_falls_back_to_scrapy_redis_setting():
+    assert parse(REDIS_URL="redis://r:6379/1").redis_url == "redis://r:6379/1"
+    assert parse(REDIS_URL="redis://r:6379/1", PROXY_SHARD_REDIS_URL="redis://p:1/0").redis_url == "redis://p:1/0"
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("PROXY_SHARD_MIN_INTERVAL", "fast", r"PROXY_SHARD_MIN_INTERVAL \('fast'\) must be a number"),
+        ("PROXY_SHARD_MIN_INTERVAL", -1, r"PROXY_SHARD_MIN_INTERVAL \(-1\) must be >= 0"),
+        ("PROXY_SHARD_SITE_CONCURRENCY", 0, r"PROXY_SHARD_SITE_CONCURRENCY \(0\) must be >= 1"),
+        ("PROXY_SHARD_SITE_CONCURRENCY", 1.5, r"must be a whole number"),
+        ("PROXY_SHARD_BAN_JITTER", 2, r"PROXY_SHARD_BAN_JITTER \(2\) must be <= 1"),
+        ("PROXY_SHARD_ENABLED", "maybe", r"PROXY_SHARD_ENABLED \('maybe'\) must be True or False"),
+        ("PROXY_SHARD_POOL", "my pool", r"PROXY_SHARD_POOL: invalid pool name 'my pool'"),
+        ("PROXY_SHARD_NAMESPACE", "", r"invalid namespace name"),
+        ("PROXY_SHARD_REDIS_PARAMS", "[1]", r"PROXY_SHARD_REDIS_PARAMS .* must be a dict"),
+        ("PROXY_SHARD_SITES", {"a.example": {"speed": 1}}, r"unknown option\(s\) \['speed'\]"),
+        ("PROXY_SHARD_SITES", {"a.example": {"concurrency": "x"}}, r"PROXY_SHARD_SITES\['a.example'\].concurrency"),
+        ("PROXY_SHARD_SITE_GROUPS", {"g": []}, r"PROXY_SHARD_SITE_GROUPS\['g'\] .* non-empty list"),
+        ("PROXY_SHARD_HOST_ID", "a|b", r"PROXY_SHARD_HOST_ID"),
+    ],
+)
+def test_bad_values_name_the_setting_and_value(name, value, message):
+    with pytest.raises(SettingError, match=message):
+        parse(**{name: value})
+
+
+def test_ban_cap_must_not_be_below_base():
+    with pytest.raises(SettingError, match="PROXY_SHARD_BAN_MAX_TTL"):
+        parse(PROXY_SHARD_BAN_TTL=100, PROXY_SHARD_BAN_MAX_TTL=10)
+
+
+def test_per_site_options_use_registrable_domain():
+    s = parse(PROXY_SHARD_SITES={"www.shop.example.co.uk": {"concurrency": 2, "min_interval": 0.5}})
+    assert s.site_options("example.co.uk") == SiteOptions(2, 0.5)
+
+
+def test_redis_connection_settings():
+    with pytest.raises(SettingError, match="PROXY_SHARD_REDIS_URL is not set"):
+        redis_url_of(parse())
+    with pytest.raises(SettingError, match=r"must start with redis://") as info:
+        redis_url_of(parse(PROXY_SHARD_REDIS_URL="http://:secret@host:1"))
+    assert "secret" not in str(info.value)
+    params = client_params(parse(PROXY_SHARD_REDIS_PARAMS={"socket_timeout": 3}))
+    assert params["socket_timeout"] == 3 and params["decode_responses"] is True
+    with pytest.raises(SettingError, match="decode_responses"):
+        client_params(parse(PROXY_SHARD_REDIS_PARAMS={"decode_responses": False}))
+    client = async_client(parse(PROXY_SHARD_REDIS_URL="redis://127.0.0.1:1/0"))
+    assert client.connection_pool.connection_kwargs["port"] == 1
