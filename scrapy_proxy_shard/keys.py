@@ -42,6 +42,10 @@ def session_key(prefix: str, site: str, session_id: str) -> str:
     return f"{prefix}:session:{site}:{session_id}"
 
 
+def freed_key(prefix: str, site: str) -> str:
+    return f"{prefix}:freed:{site}"
+
+
 def sub_key(prefix: str, name: str) -> str:
     """A pool-level structure named in lua/_lib.lua (``proxies``, ``tags``, ``bans``, ...)."""
     return f"{prefix}:{name}"

@@ -55,9 +55,10 @@ class Lease:
 
 @dataclass(frozen=True)
 class LeaseWait:
-    """Nothing usable now; ``wait`` seconds until the earliest slot frees up (``reason``:
-    ``pool`` when every slot is busy, cooling or banned, ``session`` for a sticky session's own
-    proxy)."""
+    """Nothing usable now; ``wait`` seconds until the earliest slot frees up. ``reason``: ``pool``
+    (the earliest slot is cooling or quarantined: it frees exactly then), ``held`` (it is leased:
+    ``wait`` is its expiry, but a release may come sooner, see ``wait_for_release``), ``session``
+    (a sticky session's own proxy is in use or pacing)."""
 
     wait: float
     reason: str
@@ -192,6 +193,20 @@ class _StoreBase:
                 f"(scrapy-proxy-shard load --pool {pool} FILE, or PROXY_SHARD_PROXIES)"
             )
         raise PoolBackendError(f"lease: unexpected reply {status!r}")
+
+    def wait_for_release(self, pool: str, site: str, timeout: float):
+        """Block until a slot of ``site`` is given back by any host, or ``timeout`` seconds pass.
+
+        Returns True when woken by a release. Used after a ``LeaseWait`` with reason ``held``: the
+        earliest slot is leased and its holder will usually release it long before it expires.
+        Keep ``timeout`` below the client's socket timeout (the caller loops).
+        """
+        return self._drive(self._wait_for_release(pool, site, timeout))
+
+    def _wait_for_release(self, pool, site, timeout) -> Plan:
+        timeout = max(0.001, round(float(timeout), 3))
+        reply = yield _Command(("BLPOP", keys.freed_key(self.prefix(pool), site), timeout))
+        return reply is not None
 
     def release(self, lease: Lease, *, outcome: str = "ok", latency: float | None = None,
                 min_interval: float = 0.0, reason: str | None = None,

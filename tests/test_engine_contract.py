@@ -47,8 +47,8 @@ def test_one_proxy_serves_one_request_per_site_but_many_sites(pool):
     held = {lease_ok(pool).proxy_id for _ in range(3)}
     assert len(held) == 3
     wait = pool.lease(POOL, "a.example", ttl=5)
-    assert isinstance(wait, LeaseWait) and wait.reason == "pool"
-    assert 4.0 < wait.wait <= 5.0  # until the earliest lease expires
+    assert isinstance(wait, LeaseWait) and wait.reason == "held"
+    assert 4.0 < wait.wait <= 5.0  # until the earliest lease expires, unless released sooner
     other = {lease_ok(pool, "b.example").proxy_id for _ in range(3)}
     assert other == held  # the same IPs serve another site at the same time
 
@@ -67,7 +67,7 @@ def test_min_interval_paces_a_slot_and_wait_says_how_long(store):
     lease = lease_ok(store)
     store.release(lease, min_interval=0.3)
     wait = store.lease(POOL, "a.example", ttl=5)
-    assert isinstance(wait, LeaseWait)
+    assert isinstance(wait, LeaseWait) and wait.reason == "pool"
     assert 0.2 < wait.wait <= 0.3
     time.sleep(wait.wait + 0.02)
     assert lease_ok(store).proxy_id == lease.proxy_id
@@ -310,3 +310,12 @@ def test_list_proxies_masks_in_repr_only(pool):
     records = pool.list_proxies(POOL)
     assert {r.proxy.url for r in records} == set(URLS)
     assert "Pa55word" not in repr(records)
+
+
+def test_a_release_wakes_a_waiter_blocked_on_the_site(store):
+    store.add_proxies(POOL, URLS[:1])
+    lease = lease_ok(store)
+    assert store.wait_for_release(POOL, "a.example", 0.05) is False  # nothing released yet
+    store.release(lease)
+    assert store.wait_for_release(POOL, "a.example", 1.0) is True
+    assert lease_ok(store).proxy_id == lease.proxy_id

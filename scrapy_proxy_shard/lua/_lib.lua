@@ -17,6 +17,8 @@
 --   P:hstats             HASH   "<host>:<counter>" per host (l, ok, err, ban)
 --   P:sstats             HASH   "<site>:<counter>" per site (l, ok, err, ban, ban:<reason>)
 --   P:counters           HASH   pool-wide counters (stale, expired, rebinds, ...)
+--   P:freed:<site>       LIST   one entry per slot given back on the site; waiters BLPOP it so a
+--                               release wakes exactly one waiter on any host (capped, expires)
 -- Times are milliseconds of the Redis server clock (TIME), so host clock skew cannot cause overlaps.
 
 local P = KEYS[1]
@@ -37,6 +39,16 @@ end
 
 local function ready_key(site) return P .. ':ready:' .. site end
 local function lease_key(site, member) return P .. ':lease:' .. site .. ':' .. member end
+local function freed_key(site) return P .. ':freed:' .. site end
+
+-- Wake one waiter (on any host) blocked on the site's freed list.
+local function announce_freed(site)
+  local key = freed_key(site)
+  redis.call('LPUSH', key, '1')
+  redis.call('LTRIM', key, 0, 63)
+  redis.call('PEXPIRE', key, 60000)
+end
+
 local function session_key(site, sid) return P .. ':session:' .. site .. ':' .. sid end
 local function id_of(member) return string.match(member, '^(.*)/%d+$') end
 

@@ -13,4 +13,5 @@ redis.call('DEL', S)
 if not s[1] or s[1] == '' then return {'OK', 0} end
 redis.call('DEL', lease_key(site, s[2]))
 redis.call('ZADD', ready_key(site), 'XX', next_free(site, s[1], now, interval), s[2])
+announce_freed(site)
 return {'OK', 1}

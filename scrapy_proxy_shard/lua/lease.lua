@@ -11,9 +11,11 @@
 --   {"OK", id, url, member, token, expires_ms, now_ms, session_flag, rebound_flag}
 --        session_flag 1: the lease is a use of a sticky session; rebound_flag 1: the session's
 --        previous proxy was banned, dead or removed and the session now has this new proxy
---   {"WAIT", wait_ms, reason}  nothing usable now; wait_ms until the earliest slot frees up
---        (reason "pool": every slot is busy, cooling or banned; "session": the session's proxy is
---        in use or inside its pacing interval)
+--   {"WAIT", wait_ms, reason}  nothing usable now; wait_ms until the earliest slot frees up.
+--        reason "pool": the earliest slot is cooling or quarantined: it frees exactly then;
+--        "held": the earliest slot is leased: wait_ms is its lease expiry, but a release may free
+--        it sooner (callers block on P:freed:<site> for at most wait_ms);
+--        "session": the session's own proxy is in use or inside its pacing interval
 --   {"EMPTY"}  the pool holds no proxies
 -- Cost: O(log N) in the number of proxies (one ZRANGEBYSCORE LIMIT 1 + one ZADD), except the first
 -- lease on a new site, which builds the site's ZSET in O(N).
@@ -80,6 +82,7 @@ if #found == 0 then
   if #first == 0 then return {'EMPTY'} end
   local wait = tonumber(first[2]) - now
   if wait < 1 then wait = 1 end
+  if redis.call('EXISTS', lease_key(site, first[1])) == 1 then return {'WAIT', wait, 'held'} end
   return {'WAIT', wait, 'pool'}
 end
 

@@ -4,7 +4,8 @@
 -- ARGV[2]  member "<id>/<k>" from the lease reply
 -- ARGV[3]  token from the lease reply
 -- ARGV[4]  outcome: "ok" | "error" | "ban" | "dead" | "unknown"
---          ("ban": quarantine on the site; "dead": proxy-wide quarantine, e.g. connection refused)
+--          ("ban": quarantine on the site; "dead": proxy-wide quarantine, e.g. connection refused;
+--          "unknown": neither success nor failure, e.g. a 404: counted as a lease only)
 -- ARGV[5]  latency, ms (integer; -1 when unknown); feeds the proxy's EWMA latency on "ok"
 -- ARGV[6]  min interval before the slot may be used again on this site, ms
 -- ARGV[7]  host id of the caller
@@ -57,7 +58,9 @@ else
     status = 'STALE'
   else
     redis.call('DEL', L)
-    redis.call('ZADD', ready, 'XX', next_free(site, id, now, interval), member)
+    if redis.call('ZADD', ready, 'XX', 'CH', next_free(site, id, now, interval), member) == 1 then
+      announce_freed(site)
+    end
   end
 end
 
@@ -88,7 +91,7 @@ elseif outcome == 'ban' or outcome == 'dead' then
     -- A banned session proxy: the session's slot must wait for the quarantine too.
     redis.call('ZADD', ready, 'XX', 'GT', ban_until, member)
   end
-else
+elseif outcome == 'error' then
   redis.call('HINCRBY', K_PSTATS, id .. ':err', 1)
   redis.call('HINCRBY', K_HSTATS, host .. ':err', 1)
   redis.call('HINCRBY', K_SSTATS, site .. ':err', 1)
