@@ -9,12 +9,15 @@ The tree::
     ├── PoolBackendError             Redis cannot be reached or answered with an error
     │                                (names the Redis URL with its password masked)
     ├── NoProxyAvailable             no proxy became free within the wait limit
-    └── ProxyBanned                  a request was banned through every proxy its retry budget allowed
+    └── ProxyBanned (IgnoreRequest)  a request was banned through every proxy its retry budget allowed
+                                     (reaches the request's errback, like Scrapy's HttpError)
 
 Messages never contain proxy credentials: callers pass masked URLs.
 """
 
 from __future__ import annotations
+
+from scrapy.exceptions import IgnoreRequest
 
 
 class ProxyShardError(Exception):
@@ -44,5 +47,5 @@ class NoProxyAvailable(ProxyShardError):
     """No proxy of the pool became free for the site within the wait limit."""
 
 
-class ProxyBanned(ProxyShardError):
+class ProxyBanned(ProxyShardError, IgnoreRequest):
     """The response was a ban through every proxy the request's retry budget allowed."""

@@ -37,6 +37,10 @@ DEFAULTS: dict[str, Any] = {
     "PROXY_SHARD_BAN_STRIKE_WINDOW": 86400.0,
     "PROXY_SHARD_DEAD_TTL": 300.0,
     "PROXY_SHARD_LATENCY_EWMA_ALPHA": 0.2,
+    "PROXY_SHARD_SITE_POOLS": {},
+    "PROXY_SHARD_PROXIES": None,
+    "PROXY_SHARD_BAN_RETRIES": 5,
+    "PROXY_SHARD_BAN_POLICY": "scrapy_proxy_shard.policy.BanPolicy",
 }
 
 SITE_OPTIONS = ("concurrency", "min_interval")
@@ -80,6 +84,10 @@ class ShardSettings:
     site_groups: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     bans: BanOptions = field(default_factory=BanOptions)
     latency_ewma_alpha: float = 0.2
+    site_pools: Mapping[str, str] = field(default_factory=dict)
+    proxies: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    ban_retries: int = 5
+    ban_policy: str = "scrapy_proxy_shard.policy.BanPolicy"
 
     @classmethod
     def from_settings(cls, settings: Any) -> ShardSettings:
@@ -127,6 +135,10 @@ class ShardSettings:
             site_groups=_site_groups(get),
             bans=bans,
             latency_ewma_alpha=_number(get, "PROXY_SHARD_LATENCY_EWMA_ALPHA", minimum=0.001, maximum=1.0),
+            site_pools=_site_pools(get),
+            proxies=_initial_proxies(get, _name(get, "PROXY_SHARD_POOL", "pool")),
+            ban_retries=_integer(get, "PROXY_SHARD_BAN_RETRIES", minimum=0),
+            ban_policy=_dotted_path(get, "PROXY_SHARD_BAN_POLICY"),
         )
 
     def site_options(self, site: str) -> SiteOptions:
@@ -199,6 +211,8 @@ def _boolean(get, name: str) -> bool:
 
 def _mapping(get, name: str) -> dict:
     raw = get(name)
+    if raw is None:
+        return {}
     if hasattr(raw, "copy_to_dict"):
         raw = raw.copy_to_dict()
     if isinstance(raw, str):
@@ -259,3 +273,50 @@ def _site_groups(get) -> dict[str, tuple[str, ...]]:
             )
         out[str(group)] = tuple(str(m) for m in members)
     return out
+
+
+def _site_pools(get) -> dict[str, str]:
+    from .sites import registrable_domain
+
+    out: dict[str, str] = {}
+    for site, pool in _mapping(get, "PROXY_SHARD_SITE_POOLS").items():
+        try:
+            check_name("pool", pool)
+        except SettingError as exc:
+            raise SettingError(f"PROXY_SHARD_SITE_POOLS[{site!r}]: {exc}") from None
+        out[registrable_domain(str(site))] = pool
+    return out
+
+
+def _initial_proxies(get, default_pool: str) -> dict[str, tuple[str, ...]]:
+    """PROXY_SHARD_PROXIES: a list (for the default pool) or {pool: list}, loaded when a spider opens."""
+    raw = get("PROXY_SHARD_PROXIES")
+    if raw is None:
+        return {}
+    if hasattr(raw, "copy_to_dict"):
+        raw = raw.copy_to_dict()
+    if isinstance(raw, str):
+        raw = [line for line in raw.replace(",", "\n").splitlines() if line.strip()]
+    if isinstance(raw, (list, tuple)):
+        raw = {default_pool: raw}
+    if not isinstance(raw, Mapping):
+        raise SettingError(
+            f"PROXY_SHARD_PROXIES ({type(raw).__name__}) must be a list of proxy URLs or {{pool: [urls]}}"
+        )
+    out: dict[str, tuple[str, ...]] = {}
+    for pool, entries in raw.items():
+        try:
+            check_name("pool", pool)
+        except SettingError as exc:
+            raise SettingError(f"PROXY_SHARD_PROXIES: {exc}") from None
+        if isinstance(entries, str) or not isinstance(entries, (list, tuple)):
+            raise SettingError(f"PROXY_SHARD_PROXIES[{pool!r}] must be a list of proxy URLs")
+        out[pool] = tuple(entries)
+    return out
+
+
+def _dotted_path(get, name: str) -> str:
+    raw = get(name)
+    if not isinstance(raw, str) or "." not in raw:
+        raise SettingError(f"{name} ({raw!r}) must be a dotted import path such as 'package.module.Class'")
+    return raw

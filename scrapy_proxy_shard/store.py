@@ -330,6 +330,14 @@ class _StoreBase:
             for pid, url in sorted((urls or {}).items())
         ]
 
+    def pool_size(self, pool: str):
+        """Number of proxies in a pool (0 for an unknown pool). O(1)."""
+        return self._drive(self._pool_size(pool))
+
+    def _pool_size(self, pool) -> Plan:
+        size = yield _Command(("HLEN", keys.sub_key(self.prefix(pool), "proxies")))
+        return int(size or 0)
+
     def pools(self):
         """Names of the pools of this namespace."""
         return self._drive(self._pools())

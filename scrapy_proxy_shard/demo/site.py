@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import html
 import json
 import math
@@ -380,10 +381,13 @@ class SiteRules:
     ban_seconds: float = 5.0
     #: Disguises used, in rotation, for responses served while banned.
     ban_styles: tuple[str, ...] = BAN_STYLES
+    #: Client IPs this site has blacklisted already (a "burnt" proxy): always served a ban.
+    burnt_ips: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         styles = tuple(self.ban_styles)
         object.__setattr__(self, "ban_styles", styles)
+        object.__setattr__(self, "burnt_ips", frozenset(self.burnt_ips))
         if not styles or any(s not in BAN_STYLES for s in styles):
             raise ValueError(f"ban_styles must be a non-empty subset of {BAN_STYLES}")
         if self.max_concurrency < 1:
@@ -624,7 +628,7 @@ class AntiBotSite:
                 state = client
                 entry["violation"] = self._check_rules(client, rules, now)
                 client.in_flight += 1
-            entry["banned"] = client.banned_until > now
+            entry["banned"] = client.banned_until > now or ip in rules.burnt_ips
             if entry["banned"] and not exempt:
                 reply = self._ban_reply(rules, client, now, path, entry)
             else:
@@ -803,7 +807,23 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-interval", type=float, default=defaults.min_interval)
     p.add_argument("--ban-seconds", type=float, default=defaults.ban_seconds)
     p.add_argument("--ban-styles", default=",".join(BAN_STYLES), help="comma-separated")
+    p.add_argument(
+        "--burnt",
+        default="",
+        help="IPs a site has blacklisted already: 'site=ip+ip;site=ip' (always served a ban there)",
+    )
     return p
+
+
+def parse_burnt(text: str) -> dict[str, frozenset[str]]:
+    """'market.test=127.0.0.13+127.0.0.15;shop-a.test=127.0.0.17' -> {site: {ips}}."""
+    out: dict[str, frozenset[str]] = {}
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        site, sep, ips = part.partition("=")
+        if not sep or not site.strip():
+            raise ValueError(f"--burnt: expected site=ip+ip, got {part!r}")
+        out[site.strip()] = frozenset(ip.strip() for ip in ips.split("+") if ip.strip())
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -815,9 +835,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         ban_seconds=args.ban_seconds,
         ban_styles=tuple(s.strip() for s in args.ban_styles.split(",") if s.strip()),
     )
+    burnt = parse_burnt(args.burnt)
     site = AntiBotSite(
         sites=[s.strip() for s in args.sites.split(",") if s.strip()],
         rules=rules,
+        site_rules={name: dataclasses.replace(rules, burnt_ips=ips) for name, ips in burnt.items()},
         pages_per_site=args.pages_per_site,
         flow_steps=args.flow_steps,
         log_path=args.log,

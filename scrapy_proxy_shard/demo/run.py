@@ -1,0 +1,315 @@
+"""The demo: several Scrapy hosts sharing one proxy pool against the local anti-bot site.
+
+``python -m scrapy_proxy_shard.demo`` starts a throwaway redis-server, the anti-bot site and a
+fleet of local forward proxies (each sending from its own 127.0.0.x address; some with Basic auth,
+one dead, one slow, some already blacklisted by a site), loads the proxies into two pools
+(datacenter and residential), runs N ``scrapy crawl shop`` processes of ``example_project/`` at
+once, shows progress, stops everything it started, and prints a summary computed from the *site's*
+log: what the anti-bot system saw, not what the crawlers believe.
+
+The end-to-end test runs ``run_demo`` with the same code and asserts on its ``DemoResult``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+
+from ..proxies import mask
+from ..redis_server import RedisServer
+from ..store import PoolStore
+from .sitelog import Summary, read_log, summarize
+
+DEFAULT_SITES = ("shop-a.test", "shop-b.test", "market.test")
+#: (site, source IP) pairs the site has blacklisted before the crawl starts: the crawl must find
+#: them, quarantine them for every host, and never use them there again.
+DEFAULT_BURNT = {
+    "market.test": ("127.0.0.16", "127.0.0.19"),
+    "shop-a.test": ("127.0.0.18", "127.0.0.20"),
+    "shop-b.test": ("127.0.0.13",),
+}
+RESIDENTIAL = 4  # the first proxies of the fleet form the residential pool (sticky sessions)
+NAMESPACE = "shardshop"
+
+
+@dataclass
+class DemoConfig:
+    hosts: int = 3
+    pages: int = 30
+    flows: int = 2
+    flow_steps: int = 4
+    sites: tuple[str, ...] = DEFAULT_SITES
+    proxies: int = 12
+    burnt: dict[str, tuple[str, ...]] = field(default_factory=lambda: dict(DEFAULT_BURNT))
+    project: Path = field(default_factory=lambda: Path(__file__).resolve().parents[2] / "example_project")
+    workdir: Path | None = None
+    timeout: float = 300.0
+    progress: bool = True
+    ban_ttl: float = 120.0
+
+    @property
+    def expected_pages(self) -> set[tuple[str, str]]:
+        return {(site, f"/catalog/{n}") for site in self.sites for n in range(1, self.pages + 1)}
+
+    @property
+    def expected_flows(self) -> int:
+        return self.hosts * len(self.sites) * self.flows
+
+
+@dataclass
+class HostRun:
+    name: str
+    exit_code: int | None
+    stats: dict
+    items: list[dict]
+    log_path: Path
+
+
+@dataclass
+class DemoResult:
+    config: DemoConfig
+    summary: Summary
+    hosts: list[HostRun]
+    leases_left: int
+    quarantine_reuse: list[str]
+    duration: float
+    workdir: Path
+
+    @property
+    def flows_done(self) -> int:
+        return sum(1 for h in self.hosts for item in h.items if item.get("kind") == "flow")
+
+    @property
+    def failed_items(self) -> int:
+        return sum(1 for h in self.hosts for item in h.items if item.get("kind") == "failed")
+
+    def checks(self) -> list[tuple[str, bool, str]]:
+        s = self.summary
+        return [
+            ("every host finished", all(h.exit_code == 0 for h in self.hosts),
+             ", ".join(f"{h.name}: exit {h.exit_code}" for h in self.hosts)),
+            ("every expected page scraped", not s.missing_pages,
+             f"{s.ok_pages}/{len(self.config.expected_pages)} pages, {len(s.missing_pages)} missing"),
+            ("every flow completed", self.flows_done == self.config.expected_flows,
+             f"{self.flows_done}/{self.config.expected_flows} flows"),
+            ("zero overlaps (same IP, same site, same time)", s.overlaps == 0, f"{s.overlaps} overlaps"),
+            ("zero rate/concurrency violations", s.violations == 0, f"{s.violations} violations"),
+            ("no session changed IP mid-flow", s.ip_changed_responses == 0,
+             f"{s.ip_changed_responses} 'session ip changed' responses"),
+            ("quarantined proxies not reused on their site", not self.quarantine_reuse,
+             f"{len(self.quarantine_reuse)} reuses"),
+            ("every lease released", self.leases_left == 0, f"{self.leases_left} slots still held"),
+        ]
+
+    @property
+    def ok(self) -> bool:
+        return all(passed for _, passed, _ in self.checks())
+
+    def format(self) -> str:
+        s = self.summary
+        lines = ["", "=" * 72, "What the anti-bot site saw (from its own log)", "=" * 72, s.format(), ""]
+        lines.append("What the hosts did (Scrapy stats proxy_shard/*)")
+        keys = sorted({k for h in self.hosts for k in h.stats if k.startswith("proxy_shard/")})
+        width = max([len(k) for k in keys] + [10])
+        lines.append("  " + "stat".ljust(width) + "".join(f"{h.name:>10}" for h in self.hosts))
+        for key in keys:
+            lines.append("  " + key.ljust(width) + "".join(f"{_fmt(h.stats.get(key, 0)):>10}" for h in self.hosts))
+        items = ["  items: " + ", ".join(
+            f"{h.name} {Counter(i.get('kind') for i in h.items).get('page', 0)} pages"
+            f" + {Counter(i.get('kind') for i in h.items).get('flow', 0)} flows" for h in self.hosts)]
+        lines += items
+        share = Counter(i.get("proxy_id") for h in self.hosts for i in h.items if i.get("kind") == "page")
+        lines.append(f"  pages per proxy (load spread): {sorted(share.values(), reverse=True)}")
+        lines += ["", "Checks"]
+        for name, passed, detail in self.checks():
+            lines.append(f"  [{'PASS' if passed else 'FAIL'}] {name}: {detail}")
+        lines.append(f"\n{len(self.hosts)} hosts, {self.duration:.1f}s wall time; logs and outputs in {self.workdir}")
+        return "\n".join(lines)
+
+
+def _fmt(value: object) -> str:
+    return f"{value:.1f}" if isinstance(value, float) else str(value)
+
+
+def run_demo(config: DemoConfig) -> DemoResult:
+    """Run the whole demo; everything started here is stopped before returning."""
+    workdir = Path(config.workdir or tempfile.mkdtemp(prefix="proxy-shard-demo-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    site_log = workdir / "site.log"
+    started = time.monotonic()
+    children: list[subprocess.Popen] = []
+    server = RedisServer().start()
+    try:
+        site_port = _start_site(config, workdir, site_log, children)
+        manifest = _start_proxies(config, workdir, site_port, children)
+        store = PoolStore(redis.Redis.from_url(server.url, decode_responses=True), namespace=NAMESPACE,
+                          host_id="demo-loader")
+        _load_pools(store, manifest)
+        _say(config, f"redis-server {server.url}, site on 127.0.0.1:{site_port}, {len(manifest)} proxies "
+                     f"({RESIDENTIAL} residential), {config.hosts} hosts starting")
+        hosts = _run_hosts(config, workdir, server.url, site_log)
+        leases_left = sum(
+            (store.site_state(pool, site) or _NoState).held
+            for pool in ("datacenter", "residential") for site in config.sites
+        )
+        store.client.close()
+    finally:
+        for child in reversed(children):
+            _stop(child)
+        server.stop()
+    entries = read_log(site_log)
+    summary = summarize(entries, expected_pages=config.expected_pages)
+    return DemoResult(config, summary, hosts, leases_left, _quarantine_reuse(entries, config.ban_ttl * 0.9),
+                      time.monotonic() - started, workdir)
+
+
+class _NoState:
+    held = 0
+
+
+def _start_site(config: DemoConfig, workdir: Path, log: Path, children: list) -> int:
+    ready = workdir / "site.ready"
+    burnt = ";".join(f"{site}={'+'.join(ips)}" for site, ips in config.burnt.items())
+    cmd = [sys.executable, "-m", "scrapy_proxy_shard.demo.site", "--port", "0", "--log", str(log),
+           "--ready-file", str(ready), "--sites", ",".join(config.sites), "--pages-per-site", str(config.pages),
+           "--flow-steps", str(config.flow_steps), "--burnt", burnt]
+    children.append(_spawn(cmd, workdir / "site.out"))
+    return int(_wait_file(ready, children[-1]).strip())
+
+
+def _start_proxies(config: DemoConfig, workdir: Path, site_port: int, children: list) -> list[dict]:
+    ready = workdir / "proxies.ready"
+    cmd = [sys.executable, "-m", "scrapy_proxy_shard.demo.forward_proxy", "--count", str(config.proxies),
+           "--site-port", str(site_port), "--proxy-file", str(workdir / "proxies.txt"), "--ready-file", str(ready)]
+    children.append(_spawn(cmd, workdir / "proxies.out"))
+    return json.loads(_wait_file(ready, children[-1]))["proxies"]
+
+
+def _load_pools(store: PoolStore, manifest: list[dict]) -> None:
+    residential = [m["url"] for m in manifest[:RESIDENTIAL]]
+    datacenter = [m["url"] for m in manifest[RESIDENTIAL:]]
+    from ..proxies import make_proxy
+
+    store.add_proxies("residential", [make_proxy(u, {"type": "residential"}) for u in residential])
+    store.add_proxies("datacenter", [make_proxy(u, {"type": "datacenter"}) for u in datacenter])
+
+
+def _run_hosts(config: DemoConfig, workdir: Path, redis_url: str, site_log: Path) -> list[HostRun]:
+    procs = []
+    for i in range(config.hosts):
+        name = f"host-{i}"
+        env = {**os.environ, "PROXY_SHARD_REDIS_URL": redis_url, "STATS_DUMP_FILE": str(workdir / f"{name}.stats.json")}
+        cmd = [sys.executable, "-m", "scrapy", "crawl", "shop", "-a", f"shard={i}", "-a", f"shards={config.hosts}",
+               "-a", f"sites={','.join(config.sites)}", "-a", f"pages={config.pages}", "-a", f"flows={config.flows}",
+               "-a", f"flow_steps={config.flow_steps}", "-s", f"PROXY_SHARD_HOST_ID={name}",
+               "-s", f"PROXY_SHARD_BAN_TTL={config.ban_ttl}",
+               "-O", str(workdir / f"{name}.items.jsonl"), "--logfile", str(workdir / f"{name}.log")]
+        procs.append((name, subprocess.Popen(cmd, cwd=config.project, env=env, stdout=subprocess.DEVNULL,
+                                             stderr=subprocess.DEVNULL, start_new_session=True)))
+    deadline = time.monotonic() + config.timeout
+    expected = len(config.expected_pages)
+    last_print = 0.0
+    t0 = time.monotonic()
+    while any(p.poll() is None for _, p in procs):
+        if time.monotonic() > deadline:
+            for _, p in procs:
+                _stop(p)
+            break
+        time.sleep(0.5)
+        if config.progress and time.monotonic() - last_print >= 1.0:
+            last_print = time.monotonic()
+            s = summarize(read_log(site_log), expected_pages=config.expected_pages)
+            running = sum(p.poll() is None for _, p in procs)
+            line = (f"  {time.monotonic() - t0:5.1f}s  pages {s.ok_pages:3d}/{expected}  flows "
+                    f"{s.flows_completed:2d}/{config.expected_flows}  requests {s.requests:4d}  bans seen "
+                    f"{s.bans_served:2d}  overlaps {s.overlaps}  hosts running {running}/{config.hosts}")
+            print(line, flush=True)
+    hosts = []
+    for name, p in procs:
+        stats_file = workdir / f"{name}.stats.json"
+        items_file = workdir / f"{name}.items.jsonl"
+        stats = json.loads(stats_file.read_text()) if stats_file.exists() else {}
+        items = [json.loads(line) for line in items_file.read_text().splitlines() if line.strip()] \
+            if items_file.exists() else []
+        hosts.append(HostRun(name, p.returncode, stats, items, workdir / f"{name}.log"))
+    return hosts
+
+
+def _quarantine_reuse(entries: list[dict], quarantine: float) -> list[str]:
+    """Requests an IP sent to a site within ``quarantine`` seconds after that site served it a ban."""
+    banned_at: dict[tuple[str, str], float] = {}
+    reuse = []
+    for entry in sorted(entries, key=lambda e: e["start"]):
+        key = (entry["ip"], entry["site"])
+        since = banned_at.get(key)
+        if since is not None and since < entry["start"] < since + quarantine:
+            reuse.append(f"{entry['ip']} on {entry['site']} {entry['start'] - since:.1f}s after its ban")
+        if entry.get("ban_style") and entry.get("end"):
+            banned_at.setdefault(key, entry["end"])
+    return reuse
+
+
+def _spawn(cmd: list[str], out: Path) -> subprocess.Popen:
+    handle = open(out, "wb")  # noqa: SIM115 (closed with the process)
+    proc = subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
+    proc._demo_output = handle  # type: ignore[attr-defined]
+    return proc
+
+
+def _wait_file(path: Path, proc: subprocess.Popen, timeout: float = 30.0) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text().strip():
+            return path.read_text()
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args[2]} exited with {proc.returncode} before it was ready")
+        time.sleep(0.05)
+    raise RuntimeError(f"{proc.args[2]} not ready within {timeout}s")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+    handle = getattr(proc, "_demo_output", None)
+    if handle is not None:
+        handle.close()
+
+
+def _say(config: DemoConfig, text: str) -> None:
+    if config.progress:
+        print(mask(text), flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m scrapy_proxy_shard.demo", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--hosts", type=int, default=3, help="Scrapy processes sharing the pool (default 3)")
+    parser.add_argument("--pages", type=int, default=30, help="catalog pages per site (default 30)")
+    parser.add_argument("--flows", type=int, default=2, help="sticky multi-step flows per site and host")
+    parser.add_argument("--workdir", type=Path, help="where logs and outputs go (default: a new temp dir)")
+    parser.add_argument("--timeout", type=float, default=300.0)
+    args = parser.parse_args(argv)
+    config = DemoConfig(hosts=args.hosts, pages=args.pages, flows=args.flows, workdir=args.workdir,
+                        timeout=args.timeout)
+    result = run_demo(config)
+    print(result.format())
+    return 0 if result.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

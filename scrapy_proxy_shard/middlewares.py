@@ -1,0 +1,180 @@
+"""The two downloader middlewares: thin wiring between Scrapy and the runtime/policy.
+
+``ProxyShardMiddleware`` (610, before ``HttpProxyMiddleware`` at 750, which turns URL credentials
+into ``Proxy-Authorization``) leases a proxy slot for every request and releases it with the
+outcome. ``BanDetectionMiddleware`` (620: its ``process_response`` runs before Redirect at 600,
+HttpCompression at 590 and Retry at 550) judges each response or exception, quarantines banned
+proxies for every host at once and retries the request through another proxy.
+
+Each leased request gets its own Scrapy download slot, ``<site>|<proxy id>``: the lease already
+enforces per-(proxy, site) concurrency and pacing, so a per-domain slot
+(``CONCURRENT_REQUESTS_PER_DOMAIN``, ``DOWNLOAD_DELAY``) must not queue a leased request behind
+requests that hold other proxies. ``DOWNLOAD_DELAY`` still applies per (site, proxy), on top of
+``PROXY_SHARD_MIN_INTERVAL``; leave it at 0 and pace with the latter.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from scrapy import Request, Spider
+from scrapy.exceptions import IgnoreRequest, NotConfigured
+from scrapy.http import Response
+from scrapy.utils.misc import build_from_crawler, load_object
+
+from .exceptions import ProxyBanned, SettingError
+from .policy import FINE, Verdict
+from .runtime import STATS, ShardRuntime
+from .settings import ShardSettings
+
+logger = logging.getLogger(__name__)
+
+#: meta key marking a proxy set by this middleware (so a retry or copy is leased again, while a
+#: proxy the user set in meta is left alone).
+OWN_PROXY = "_proxy_shard_proxy"
+OWN_SLOT = "_proxy_shard_slot"
+
+
+def _enabled_runtime(crawler: Any) -> ShardRuntime:
+    """The crawler's runtime; NotConfigured only when switched off.
+
+    A bad setting raises SettingError (a ValueError) and stops the crawl at start: disabling the
+    middleware instead would silently send every request from the host's own IP.
+    """
+    settings = ShardSettings.from_settings(crawler.settings)
+    if not settings.enabled:
+        raise NotConfigured("PROXY_SHARD_ENABLED is False")
+    return ShardRuntime.for_crawler(crawler)
+
+
+class ProxyShardMiddleware:
+    """Lease a proxy for every request from the shared pool; release it when the request ends."""
+
+    def __init__(self, runtime: ShardRuntime) -> None:
+        self.runtime = runtime
+        self.crawler = runtime.crawler
+
+    @classmethod
+    def from_crawler(cls, crawler: Any) -> ProxyShardMiddleware:
+        return cls(_enabled_runtime(crawler))
+
+    async def process_request(self, request: Request, spider: Spider | None = None) -> None:
+        meta = request.meta
+        if meta.get("proxy_shard_skip") or ("proxy" in meta and OWN_PROXY not in meta):
+            self.runtime.stats.inc_value(f"{STATS}/skipped")
+            return None
+        if self.runtime.open_error is not None:
+            raise self.runtime.open_error
+        if self.runtime.lease_of(request) is not None:
+            return None  # already leased (a middleware returned this same request object again)
+        spider = spider or getattr(self.crawler, "spider", None)
+        pool = self.runtime.pool_for(request, spider)
+        site = self.runtime.sites.key_for_url(request.url)
+        session = meta.get("session_id")
+        lease = await self.runtime.acquire(request, pool, site, str(session) if session is not None else None)
+        meta["proxy"] = lease.proxy_url
+        meta[OWN_PROXY] = lease.proxy_id
+        meta["proxy_shard_proxy_id"] = lease.proxy_id
+        if "download_slot" not in meta or OWN_SLOT in meta:
+            meta["download_slot"] = meta[OWN_SLOT] = f"{site}|{lease.proxy_id}"
+        return None
+
+    async def process_response(self, request: Request, response: Response,
+                               spider: Spider | None = None) -> Response:
+        await self.runtime.finish(request, "ok" if response.status < 400 else "unknown")
+        return response
+
+    async def process_exception(self, request: Request, exception: Exception,
+                                spider: Spider | None = None) -> None:
+        await self.runtime.finish(request, "error", reason=type(exception).__name__)
+        return None
+
+
+class BanDetectionMiddleware:
+    """Detect bans in responses and exceptions; quarantine the proxy and retry through another."""
+
+    def __init__(self, runtime: ShardRuntime, policy: Any) -> None:
+        self.runtime = runtime
+        self.crawler = runtime.crawler
+        self.policy = policy
+
+    @classmethod
+    def from_crawler(cls, crawler: Any) -> BanDetectionMiddleware:
+        runtime = _enabled_runtime(crawler)
+        try:
+            policy_cls = load_object(runtime.settings.ban_policy)
+        except (ImportError, NameError, ValueError, AttributeError) as exc:
+            raise SettingError(
+                f"PROXY_SHARD_BAN_POLICY ({runtime.settings.ban_policy!r}) cannot be loaded: {exc}"
+            ) from None
+        return cls(runtime, build_from_crawler(policy_cls, crawler))
+
+    async def process_response(self, request: Request, response: Response,
+                               spider: Spider | None = None) -> Request | Response:
+        if self.runtime.lease_of(request) is None:
+            return response
+        verdict = self._response_verdict(request, response, spider or self.crawler.spider)
+        if verdict.kind in ("ban", "dead"):
+            await self.runtime.finish(request, verdict.kind, reason=verdict.reason)
+            return self._retry(request, verdict)
+        await self.runtime.finish(request, "ok" if verdict.kind == "fine" else "unknown")
+        return response
+
+    async def process_exception(self, request: Request, exception: Exception,
+                                spider: Spider | None = None) -> Request | None:
+        if self.runtime.lease_of(request) is None or isinstance(exception, IgnoreRequest):
+            return None
+        verdict = self._exception_verdict(request, exception, spider or self.crawler.spider)
+        if verdict.kind not in ("ban", "dead"):
+            return None  # ProxyShardMiddleware releases it as an error
+        await self.runtime.finish(request, verdict.kind, reason=verdict.reason)
+        try:
+            return self._retry(request, verdict)
+        except ProxyBanned:
+            return None  # budget spent: the original exception reaches the errback
+
+    def _response_verdict(self, request: Request, response: Response, spider: Any) -> Verdict:
+        override = getattr(spider, "response_is_ban", None)
+        if callable(override):
+            said = override(request, response)
+            if said is True:
+                return Verdict("ban", "spider")
+            if said is False:
+                return FINE
+        required = request.meta.get("proxy_shard_required_css", getattr(spider, "proxy_shard_required_css", None))
+        if isinstance(required, str):
+            required = [required]
+        return self.policy.response_verdict(request, response, required_css=required)
+
+    def _exception_verdict(self, request: Request, exception: Exception, spider: Any) -> Verdict:
+        override = getattr(spider, "exception_is_ban", None)
+        if callable(override):
+            said = override(request, exception)
+            if said is True:
+                return Verdict("ban", "spider_exception")
+            if said is False:
+                return Verdict("unknown")
+        return self.policy.exception_verdict(request, exception)
+
+    def _retry(self, request: Request, verdict: Verdict) -> Request:
+        """A copy of ``request`` for another proxy, or ProxyBanned once the budget is spent."""
+        stats = self.runtime.stats
+        done = int(request.meta.get("proxy_shard_ban_retries", 0))
+        limit = int(request.meta.get("proxy_shard_max_ban_retries", self.runtime.settings.ban_retries))
+        if done >= limit:
+            stats.inc_value(f"{STATS}/ban_gave_up")
+            stats.inc_value(f"{STATS}/ban_gave_up/reason/{verdict.reason}")
+            logger.warning("proxy_shard: gave up on %(url)s: banned (%(reason)s) through %(n)d proxies",
+                           {"url": request.url, "reason": verdict.reason, "n": done + 1})
+            raise ProxyBanned(
+                f"{request.url}: banned ({verdict.reason}) through {done + 1} proxies; "
+                f"the retry budget ({limit}) is spent"
+            )
+        retry = request.copy()
+        retry.meta["proxy_shard_ban_retries"] = done + 1
+        retry.dont_filter = True
+        stats.inc_value(f"{STATS}/ban_retries")
+        logger.debug("proxy_shard: retrying %(url)s through another proxy (%(reason)s, retry %(n)d/%(limit)d)",
+                     {"url": request.url, "reason": verdict.reason, "n": done + 1, "limit": limit})
+        return retry

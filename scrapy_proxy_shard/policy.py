@@ -1,0 +1,564 @@
+"""Ban detection: is this response or download error a ban, a dead proxy, fine, or unknown?
+
+Pure predicates in the manner of scrapy-rotating-proxies' ``policy.py``: the policy takes Scrapy
+``Request`` / ``Response`` / exception objects and returns a ``Verdict``; it never touches Redis or
+the engine. The middleware turns a verdict into a quarantine (``ban``: this proxy on this site;
+``dead``: this proxy everywhere) and a retry. Subclass ``BanPolicy`` (or set a spider's
+``response_is_ban`` / ``exception_is_ban``) to change the rules.
+
+Bans come in disguises, and each needs its own detector: a status code (403, 429, 503), a redirect
+to a captcha or login page, the captcha page itself reached through such a redirect, and a 200 page
+that is not the page asked for — a stub without the site's usual content (missing required CSS
+selectors) or much smaller than the site's usual pages (rolling median of recent good pages).
+
+Content checks read the *decoded* body: the middleware runs before Scrapy's
+``HttpCompressionMiddleware``, so the body may still be gzip/deflate/br/zstd-compressed.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+from urllib.parse import urljoin, urlsplit
+
+from cssselect import SelectorError
+from parsel.csstranslator import HTMLTranslator
+from scrapy.http import HtmlResponse, Request, Response
+from scrapy.responsetypes import responsetypes
+from twisted.internet import defer
+from twisted.internet import error as tx_error
+from twisted.python.failure import Failure
+from twisted.web._newclient import ResponseFailed, ResponseNeverReceived
+from w3lib.url import safe_url_string
+
+from .decoding import decode_body
+from .exceptions import SettingError
+from .settings import _integer, _mapping, _number
+from .sites import registrable_domain, site_of_url
+
+__all__ = [
+    "DEFAULT_BAN_CODES",
+    "DEFAULT_CHALLENGE_PATTERNS",
+    "DEFAULT_CHALLENGE_REGEXES",
+    "DEFAULT_PROXY_FAILURE_CODES",
+    "EXCEPTION_REASONS",
+    "FINE",
+    "UNKNOWN",
+    "BanPolicy",
+    "SiteContentRules",
+    "Verdict",
+]
+
+KINDS = frozenset({"ban", "dead", "fine", "unknown"})
+_REASON_RE = re.compile(r"^[a-z0-9_:-]*$")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a response or error says about the proxy that carried it.
+
+    ``kind``: ``ban`` (quarantine the proxy on this site), ``dead`` (quarantine the proxy everywhere:
+    the proxy itself failed), ``fine`` (count a success), ``unknown`` (no evidence either way).
+    ``reason`` is a short slug used in stats keys and Redis, so it is restricted to ``[a-z0-9_:-]``.
+    """
+
+    kind: str
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"Verdict kind {self.kind!r} must be one of {sorted(KINDS)}")
+        if not _REASON_RE.match(self.reason):
+            raise ValueError(f"Verdict reason {self.reason!r} may only contain [a-z0-9_:-]")
+
+
+FINE = Verdict("fine")
+UNKNOWN = Verdict("unknown")
+
+DEFAULT_BAN_CODES: tuple[int, ...] = (403, 429, 503)
+DEFAULT_PROXY_FAILURE_CODES: tuple[int, ...] = (407,)
+
+#: Where anti-bot systems send a client they distrust; searched (case-insensitively) in a URL's host
+#: and in its path + query.
+DEFAULT_CHALLENGE_REGEXES: tuple[str, ...] = (
+    r"captcha",
+    r"challenge",
+    r"/cdn-cgi/",
+    r"are-?you-?human",
+    r"/blocked",
+    r"px-captcha",
+    r"distil",
+    r"/sorry/",
+    r"/login",
+    r"/signin",
+    r"verify",
+)
+DEFAULT_CHALLENGE_PATTERNS: tuple[re.Pattern[str], ...] = tuple(
+    re.compile(p, re.IGNORECASE) for p in DEFAULT_CHALLENGE_REGEXES
+)
+
+
+def _exception_types(module: str, *names: str) -> tuple[type[BaseException], ...]:
+    """Exception classes that exist in this Scrapy version (the ``Download*Error`` family is 2.14+)."""
+    mod = __import__(module, fromlist=list(names))
+    return tuple(getattr(mod, name) for name in names if hasattr(mod, name))
+
+
+def _tunnel_error() -> tuple[type[BaseException], ...]:
+    try:
+        from scrapy.core.downloader.handlers.http11 import TunnelError
+    except ImportError:  # pragma: no cover - needs Twisted, which Scrapy requires
+        return ()
+    return (TunnelError,)
+
+
+#: Download errors that mean the proxy itself is failing, checked in order (first match wins, so
+#: subclasses of ``ConnectError`` come before it). Recent Scrapy wraps Twisted's errors in its own
+#: ``scrapy.exceptions.Download*Error`` classes; both are listed. Extend it in a subclass:
+#: ``exception_reasons = (((MyError,), "my_reason"), *EXCEPTION_REASONS)``.
+EXCEPTION_REASONS: tuple[tuple[tuple[type[BaseException], ...], str], ...] = (
+    (
+        (tx_error.ConnectionRefusedError, *_exception_types("scrapy.exceptions", "DownloadConnectionRefusedError")),
+        "connection_refused",
+    ),
+    (
+        (
+            tx_error.TCPTimedOutError,
+            tx_error.TimeoutError,
+            defer.TimeoutError,
+            *_exception_types("scrapy.exceptions", "DownloadTimeoutError"),
+        ),
+        "timeout",
+    ),
+    ((tx_error.DNSLookupError, *_exception_types("scrapy.exceptions", "CannotResolveHostError")), "dns"),
+    (_tunnel_error(), "tunnel_error"),
+    (
+        (
+            tx_error.ConnectionLost,
+            tx_error.ConnectionDone,
+            ResponseNeverReceived,
+            ResponseFailed,
+            *_exception_types("scrapy.exceptions", "DownloadFailedError", "ResponseDataLossError"),
+        ),
+        "connection_lost",
+    ),
+    ((tx_error.ConnectError,), "connect_error"),
+)
+
+
+@dataclass(frozen=True)
+class SiteContentRules:
+    """Per-site overrides (keyed by registrable domain); ``None`` / empty means "use the global value".
+
+    ``ban_codes`` and ``challenge_patterns`` replace the global lists for the site (so a site whose
+    real pages live under ``/login`` can drop that pattern). ``min_body_size`` is a hard floor on the
+    decoded body, checked in addition to the learned-median rule; ``min_body_ratio`` = 0 disables
+    the learned rule for the site.
+    """
+
+    required_css: tuple[str, ...] = ()
+    min_body_size: int | None = None
+    min_body_ratio: float | None = None
+    ban_codes: frozenset[int] | None = None
+    challenge_patterns: tuple[re.Pattern[str], ...] | None = None
+
+
+_NO_RULES = SiteContentRules()
+
+
+class BanPolicy:
+    """Classifies responses and download errors into verdicts; keeps only body-size statistics.
+
+    Build it directly in tests; ``from_crawler`` / ``from_settings`` parse ``PROXY_SHARD_*`` settings.
+    """
+
+    #: (exception types, reason) pairs for ``exception_verdict``; first match wins.
+    exception_reasons: tuple[tuple[tuple[type[BaseException], ...], str], ...] = EXCEPTION_REASONS
+    #: How many recent good page sizes per site the learned median is taken over.
+    small_body_window: int = 50
+    #: Sites whose page sizes are remembered at once (oldest forgotten first): bounds memory on
+    #: broad crawls.
+    max_tracked_sites: int = 10_000
+
+    def __init__(
+        self,
+        *,
+        ban_codes: Iterable[int] = DEFAULT_BAN_CODES,
+        proxy_failure_codes: Iterable[int] = (407,),
+        challenge_patterns: Iterable[re.Pattern[str] | str] = DEFAULT_CHALLENGE_PATTERNS,
+        required_css: Sequence[str] = (),
+        site_rules: Mapping[str, SiteContentRules] | None = None,
+        small_body_ratio: float = 0.2,
+        small_body_min_samples: int = 10,
+        max_decoded_size: int = 1024 * 1024 * 1024,
+    ) -> None:
+        self.ban_codes = frozenset(ban_codes)
+        self.proxy_failure_codes = frozenset(proxy_failure_codes)
+        self.challenge_patterns = compile_patterns(challenge_patterns)
+        self.required_css = _css_tuple(required_css, "required_css")
+        self.site_rules = {registrable_domain(site): rules for site, rules in (site_rules or {}).items()}
+        self.small_body_ratio = small_body_ratio
+        self.small_body_min_samples = small_body_min_samples
+        #: Decoding stops (verdict ``unknown``) past this many bytes, as DOWNLOAD_MAXSIZE does; 0 = no
+        #: limit. A request's ``download_maxsize`` meta key wins, as in Scrapy.
+        self.max_decoded_size = max_decoded_size
+        self._sizes: dict[str, deque[int]] = {}
+
+    # --- construction from settings ------------------------------------------------------------
+
+    @classmethod
+    def from_crawler(cls, crawler: Any) -> BanPolicy:
+        """The policy configured by the crawler's settings (see ``from_settings``)."""
+        return cls.from_settings(crawler.settings)
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> BanPolicy:
+        """Parse the policy's ``PROXY_SHARD_*`` settings from a Scrapy Settings object or a mapping.
+
+        Raises ``SettingError`` naming the setting and the bad value.
+        """
+        return cls(**policy_kwargs(settings))
+
+    # --- responses -----------------------------------------------------------------------------
+
+    def response_verdict(
+        self, request: Request, response: Response, *, required_css: Sequence[str] | None = None
+    ) -> Verdict:
+        """Classify a response; ``required_css`` (resolved by the caller from meta / spider) wins."""
+        status = response.status
+        if status in self.proxy_failure_codes:
+            return Verdict("dead", "proxy_auth" if status == 407 else f"proxy_http_{status}")
+        site = _site_or_none(response.url or request.url)
+        rules = self.site_rules.get(site, _NO_RULES) if site else _NO_RULES
+        if status in (rules.ban_codes if rules.ban_codes is not None else self.ban_codes):
+            return Verdict("ban", f"http_{status}")
+        patterns = self.challenge_patterns if rules.challenge_patterns is None else rules.challenge_patterns
+        if 300 <= status < 400:
+            return self._redirect_verdict(response, patterns)
+        if request.meta.get("redirect_urls") and url_matches(response.url, patterns):
+            return Verdict("ban", "challenge_page")
+        if 200 <= status < 300:
+            return self._content_verdict(request, response, site, rules, required_css)
+        return UNKNOWN
+
+    def _redirect_verdict(self, response: Response, patterns: Sequence[re.Pattern[str]]) -> Verdict:
+        """A redirect to a captcha / login page is a ban; any other redirect is followed as usual."""
+        location = response.headers.get(b"Location")
+        if not location:
+            return UNKNOWN
+        target = redirect_target(response.url, location)
+        if url_matches(target, patterns):
+            return Verdict("ban", "challenge_redirect")
+        return UNKNOWN
+
+    def _content_verdict(
+        self,
+        request: Request,
+        response: Response,
+        site: str | None,
+        rules: SiteContentRules,
+        required_css: Sequence[str] | None,
+    ) -> Verdict:
+        """Checks on a 2xx HTML page: required selectors, then size against a floor and the median."""
+        selectors = self._selectors_for(rules, required_css)
+        ratio = rules.min_body_ratio if rules.min_body_ratio is not None else self.small_body_ratio
+        if not selectors and rules.min_body_size is None and not ratio:
+            return FINE
+        if request.method == "HEAD" or response.status in (204, 205, 206):
+            return FINE  # no body, or a partial one: nothing to judge the page by
+        page = self._html_page(request, response)
+        if isinstance(page, Verdict):
+            return page
+        if any(not page.css(selector) for selector in selectors):
+            return Verdict("ban", "missing_css")
+        size = len(page.body)
+        if rules.min_body_size is not None and size < rules.min_body_size:
+            return Verdict("ban", "small_body")
+        if ratio and site is not None:
+            if self._smaller_than_usual(site, size, ratio):
+                return Verdict("ban", "small_body")
+            self._record_size(site, size)
+        return FINE
+
+    def _selectors_for(self, rules: SiteContentRules, override: Sequence[str] | None) -> tuple[str, ...]:
+        """Precedence: explicit argument (meta / spider, even empty) → the site's rule → the global."""
+        if override is not None:
+            return _css_tuple(override, "required_css")
+        return rules.required_css or self.required_css
+
+    def _html_page(self, request: Request, response: Response) -> HtmlResponse | Verdict:
+        """The page as the spider will see it (decoded), or the verdict when there is no page to check.
+
+        Not HTML (images, JSON, robots.txt...) → ``FINE``: content rules describe pages, and a site's
+        small text files must not count as small pages. Undecodable → ``UNKNOWN``. The class is guessed
+        as Scrapy guesses it, from the headers first, so a body is decoded only when it may be HTML.
+        """
+        encodings = response.headers.getlist(b"Content-Encoding")
+        if not encodings and isinstance(response, HtmlResponse):
+            return response  # already plain; its cached selector will serve the spider too
+        headers = response.headers.copy()
+        headers.pop(b"Content-Encoding", None)
+        cls = responsetypes.from_args(headers=headers, url=response.url)
+        if cls is not Response and not issubclass(cls, HtmlResponse):
+            return FINE
+        max_size = request.meta.get("download_maxsize", self.max_decoded_size)
+        body = decode_body(response.body, encodings, max_size=max_size) if encodings else response.body
+        if body is None:
+            return UNKNOWN
+        if cls is Response:
+            cls = responsetypes.from_args(headers=headers, url=response.url, body=body)
+            if not issubclass(cls, HtmlResponse):
+                return FINE
+        return cls(url=response.url, status=response.status, headers=headers, body=body)
+
+    # --- learned page sizes ------------------------------------------------------------------------
+
+    def _smaller_than_usual(self, site: str, size: int, ratio: float) -> bool:
+        """True when enough good pages were seen and this one is under ``ratio`` times their median."""
+        sizes = self._sizes.get(site)
+        if sizes is None or len(sizes) < self.small_body_min_samples:
+            return False
+        return size < ratio * statistics.median(sizes)
+
+    def _record_size(self, site: str, size: int) -> None:
+        """Remember a good page's size; only pages judged fine, so bans cannot drag the median down."""
+        sizes = self._sizes.get(site)
+        if sizes is None:
+            if len(self._sizes) >= self.max_tracked_sites:
+                del self._sizes[next(iter(self._sizes))]
+            sizes = self._sizes[site] = deque(maxlen=self.small_body_window)
+        sizes.append(size)
+
+    def usual_body_size(self, site: str) -> float | None:
+        """The median decoded size of recent good pages of a site (for reporting), or ``None``."""
+        sizes = self._sizes.get(registrable_domain(site))
+        return statistics.median(sizes) if sizes else None
+
+    # --- exceptions ----------------------------------------------------------------------------
+
+    def exception_verdict(self, request: Request, exception: BaseException | Failure) -> Verdict:
+        """Transport failures mean the proxy is failing (``dead``); anything else is ``unknown``."""
+        if isinstance(exception, Failure):
+            exception = exception.value
+        for types, reason in self.exception_reasons:
+            if types and isinstance(exception, types):
+                return Verdict("dead", reason)
+        return UNKNOWN
+
+
+# --- URL matching ----------------------------------------------------------------------------------
+
+def redirect_target(base_url: str, location: bytes | str) -> str:
+    """The absolute URL a ``Location`` header points to, resolved as Scrapy's redirect does."""
+    return urljoin(base_url, safe_url_string(location))
+
+
+def url_matches(url: str, patterns: Sequence[re.Pattern[str]]) -> bool:
+    """Whether any pattern occurs in the URL's host or in its path + query (never the fragment)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    path_query = parts.path + (f"?{parts.query}" if parts.query else "")
+    return any(p.search(host) or p.search(path_query) for p in patterns)
+
+
+def _site_or_none(url: str) -> str | None:
+    """The URL's registrable domain, or ``None`` for URLs without a host (data:, file:)."""
+    try:
+        return site_of_url(url)
+    except ValueError:
+        return None
+
+
+# --- validation helpers (shared by __init__ and settings parsing) ------------------------------
+
+def compile_patterns(
+    patterns: Iterable[re.Pattern[str] | str], name: str = "challenge_patterns"
+) -> tuple[re.Pattern[str], ...]:
+    """Compile regex strings case-insensitively (compiled patterns are kept as given)."""
+    if isinstance(patterns, (str, re.Pattern)):
+        patterns = [patterns]
+    out = []
+    for pattern in patterns:
+        if isinstance(pattern, re.Pattern):
+            out.append(pattern)
+            continue
+        if not isinstance(pattern, str) or not pattern:
+            raise ValueError(f"{name}: {pattern!r} must be a non-empty regular expression string")
+        try:
+            out.append(re.compile(pattern, re.IGNORECASE))
+        except re.error as exc:
+            raise ValueError(f"{name}: invalid regular expression {pattern!r} ({exc})") from None
+    return tuple(out)
+
+
+@lru_cache(maxsize=1024)
+def _check_css(selector: str) -> None:
+    """Raise ValueError if the selector is not CSS parsel understands (cached: checked per page)."""
+    try:
+        _TRANSLATOR.css_to_xpath(selector)
+    except SelectorError as exc:
+        raise ValueError(f"invalid CSS selector {selector!r} ({exc})") from None
+
+
+_TRANSLATOR = HTMLTranslator()
+
+
+def _css_tuple(selectors: Sequence[str] | str, name: str) -> tuple[str, ...]:
+    """Validated selectors; a lone string is one selector (CSS commas mean "or", so never split)."""
+    if isinstance(selectors, str):
+        selectors = [selectors]
+    out = []
+    for selector in selectors:
+        if not isinstance(selector, str) or not selector.strip():
+            raise ValueError(f"{name}: {selector!r} must be a non-empty CSS selector string")
+        try:
+            _check_css(selector)
+        except ValueError as exc:
+            raise ValueError(f"{name}: {exc}") from None
+        out.append(selector)
+    return tuple(out)
+
+
+# --- settings ----------------------------------------------------------------------------------
+
+SETTING_DEFAULTS: dict[str, Any] = {
+    "PROXY_SHARD_BAN_CODES": list(DEFAULT_BAN_CODES),
+    "PROXY_SHARD_PROXY_FAILURE_CODES": list(DEFAULT_PROXY_FAILURE_CODES),
+    "PROXY_SHARD_CHALLENGE_PATTERNS": list(DEFAULT_CHALLENGE_REGEXES),
+    "PROXY_SHARD_REQUIRED_CSS": [],
+    "PROXY_SHARD_SMALL_BODY_RATIO": 0.2,
+    "PROXY_SHARD_SMALL_BODY_MIN_SAMPLES": 10,
+    "PROXY_SHARD_SITES": {},
+}
+
+#: Options of a ``PROXY_SHARD_SITES`` entry read here; the others belong to the lease engine.
+SITE_POLICY_OPTIONS = ("required_css", "min_body_size", "min_body_ratio", "ban_codes", "captcha_patterns")
+
+
+def policy_kwargs(settings: Any) -> dict[str, Any]:
+    """``BanPolicy`` keyword arguments from settings, every value validated."""
+    if not callable(getattr(settings, "get", None)):
+        raise SettingError(f"settings must be a Scrapy Settings object or a mapping, got {type(settings).__name__}")
+
+    def get(name: str, default: Any = None) -> Any:
+        value = settings.get(name)
+        return SETTING_DEFAULTS.get(name, default) if value is None else value
+
+    kwargs: dict[str, Any] = {
+        "ban_codes": _codes(get, "PROXY_SHARD_BAN_CODES"),
+        "proxy_failure_codes": _codes(get, "PROXY_SHARD_PROXY_FAILURE_CODES"),
+        "challenge_patterns": _setting_patterns(get, "PROXY_SHARD_CHALLENGE_PATTERNS"),
+        "required_css": _setting_css(get, "PROXY_SHARD_REQUIRED_CSS"),
+        "small_body_ratio": _ratio(get, "PROXY_SHARD_SMALL_BODY_RATIO"),
+        "small_body_min_samples": _integer(get, "PROXY_SHARD_SMALL_BODY_MIN_SAMPLES", minimum=1),
+        "site_rules": _site_rules(get),
+    }
+    max_size = settings.get("DOWNLOAD_MAXSIZE")
+    if max_size is not None:
+        kwargs["max_decoded_size"] = _integer(get, "DOWNLOAD_MAXSIZE", minimum=0)
+    return kwargs
+
+
+def _list(raw: Any, *, split_commas: bool) -> list[Any]:
+    """A list from a list/tuple/set, or from a string (comma-separated only where commas are safe)."""
+    if isinstance(raw, str):
+        if not split_commas:
+            return [raw] if raw.strip() else []
+        return [item.strip() for item in raw.split(",") if item.strip()]
+    if isinstance(raw, (list, tuple, set, frozenset)):
+        return list(raw)
+    raise TypeError
+
+
+def _codes(get: Any, name: str) -> frozenset[int]:
+    """HTTP status codes: ints or digit strings in 100-599, as a list or ``"403,429"``."""
+    raw = get(name)
+    message = f"{name} ({raw!r}) must be a list of HTTP status codes (100-599)"
+    try:
+        items = _list(raw, split_commas=True)
+    except TypeError:
+        raise SettingError(message) from None
+    codes = set()
+    for item in items:
+        if isinstance(item, bool) or not isinstance(item, (int, str)):
+            raise SettingError(message)
+        try:
+            code = int(item)
+        except ValueError:
+            raise SettingError(message) from None
+        if not 100 <= code <= 599:
+            raise SettingError(message)
+        codes.add(code)
+    return frozenset(codes)
+
+
+def _setting_patterns(get: Any, name: str) -> tuple[re.Pattern[str], ...]:
+    """Regexes; a lone string is one regex (commas are regex syntax: ``{1,3}``)."""
+    raw = get(name)
+    try:
+        return compile_patterns(_list(raw, split_commas=False), name)
+    except TypeError:
+        raise SettingError(f"{name} ({raw!r}) must be a list of regular expressions") from None
+    except ValueError as exc:
+        raise SettingError(str(exc)) from None
+
+
+def _setting_css(get: Any, name: str) -> tuple[str, ...]:
+    """CSS selectors; a lone string is one selector (``"a, b"`` is one selector matching either)."""
+    raw = get(name, [])
+    try:
+        return _css_tuple(_list(raw, split_commas=False), name)
+    except TypeError:
+        raise SettingError(f"{name} ({raw!r}) must be a list of CSS selectors") from None
+    except ValueError as exc:
+        raise SettingError(str(exc)) from None
+
+
+def _ratio(get: Any, name: str) -> float:
+    """A fraction of the usual body size: 0 (disabled) up to, but excluding, 1."""
+    value = _number(get, name, minimum=0.0)
+    if value >= 1:
+        raise SettingError(f"{name} ({get(name)!r}) must be >= 0 and < 1")
+    return value
+
+
+def _site_rules(get: Any) -> dict[str, SiteContentRules]:
+    """Content rules of ``PROXY_SHARD_SITES`` entries that set any policy option."""
+    out: dict[str, SiteContentRules] = {}
+    for site, options in _mapping(get, "PROXY_SHARD_SITES").items():
+        if not isinstance(options, Mapping):
+            raise SettingError(f"PROXY_SHARD_SITES[{site!r}] ({options!r}) must be a dict")
+        if not any(key in options for key in SITE_POLICY_OPTIONS):
+            continue
+        try:
+            key = registrable_domain(str(site))
+        except ValueError:
+            raise SettingError(f"PROXY_SHARD_SITES ({site!r}) is not a site name") from None
+        out[key] = _one_site(options, f"PROXY_SHARD_SITES[{site!r}]")
+    return out
+
+
+def _one_site(options: Mapping[str, Any], prefix: str) -> SiteContentRules:
+    def site_get(name: str, default: Any = None) -> Any:
+        value = options.get(name.rsplit(".", 1)[-1])
+        return default if value is None else value
+
+    min_size = min_ratio = codes = patterns = None
+    if site_get("min_body_size") is not None:
+        min_size = _integer(site_get, f"{prefix}.min_body_size", minimum=0)
+    if site_get("min_body_ratio") is not None:
+        min_ratio = _ratio(site_get, f"{prefix}.min_body_ratio")
+    if site_get("ban_codes") is not None:
+        codes = _codes(site_get, f"{prefix}.ban_codes")
+    if site_get("captcha_patterns") is not None:
+        patterns = _setting_patterns(site_get, f"{prefix}.captcha_patterns")
+    css = _setting_css(site_get, f"{prefix}.required_css")
+    return SiteContentRules(
+        required_css=css, min_body_size=min_size, min_body_ratio=min_ratio, ban_codes=codes,
+        challenge_patterns=patterns,
+    )

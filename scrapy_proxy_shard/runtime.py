@@ -1,0 +1,302 @@
+"""Per-crawler state shared by the two middlewares: settings, the pool store and the leases in flight.
+
+Both ``ProxyShardMiddleware`` and ``BanDetectionMiddleware`` get the same ``ShardRuntime`` from
+``ShardRuntime.for_crawler``. Leases are tracked by request object (a weak mapping), never by a
+token in ``request.meta``: meta is copied into retries, redirects and follow-up requests, and a
+copied token would let a child request release its parent's lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from scrapy import Request, signals
+
+from . import signals as shard_signals
+from .connection import async_client
+from .exceptions import NoProxyAvailable, PoolBackendError, ProxyShardError, SettingError, UnknownPoolError
+from .keys import check_name
+from .settings import ShardSettings
+from .sites import SiteMap, site_of_url
+from .store import AsyncPoolStore, Lease, LeaseWait, ReleaseResult
+
+logger = logging.getLogger(__name__)
+
+#: Longest single block on a site's freed list; kept below the Redis client's socket timeout.
+MAX_BLOCK = 5.0
+STATS = "proxy_shard"
+
+
+@dataclass
+class _InFlight:
+    lease: Lease
+    started: float
+
+
+class _Gate:
+    """One asyncio lock per (pool, site[, session]) in this process, dropped when unused.
+
+    Only one request per site asks Redis at a time while the site is exhausted, so a release wakes
+    one local waiter instead of a thundering herd of round trips.
+    """
+
+    def __init__(self) -> None:
+        self._locks: dict[tuple, list] = {}
+
+    def __call__(self, key: tuple) -> _GateHold:
+        return _GateHold(self, key)
+
+
+class _GateHold:
+    def __init__(self, gate: _Gate, key: tuple) -> None:
+        self.gate, self.key = gate, key
+
+    async def __aenter__(self) -> None:
+        entry = self.gate._locks.setdefault(self.key, [asyncio.Lock(), 0])
+        entry[1] += 1
+        try:
+            await entry[0].acquire()
+        except BaseException:
+            self._drop(entry)
+            raise
+
+    async def __aexit__(self, *exc: object) -> None:
+        entry = self.gate._locks[self.key]
+        entry[0].release()
+        self._drop(entry)
+
+    def _drop(self, entry: list) -> None:
+        entry[1] -= 1
+        if entry[1] == 0:
+            self.gate._locks.pop(self.key, None)
+
+
+class ShardRuntime:
+    """What one crawler process knows: its settings, its store, and the leases it holds."""
+
+    ATTRIBUTE = "_proxy_shard_runtime"
+
+    def __init__(self, crawler: Any, settings: ShardSettings,
+                 store_factory: Callable[[], AsyncPoolStore] | None = None) -> None:
+        self.crawler = crawler
+        self.settings = settings
+        self.stats = crawler.stats
+        self.sites = SiteMap(settings.site_groups)
+        self._store_factory = store_factory or self._default_store
+        self._store: AsyncPoolStore | None = None
+        self._inflight: weakref.WeakKeyDictionary[Request, _InFlight] = weakref.WeakKeyDictionary()
+        self._held: dict[str, Lease] = {}
+        self._gate = _Gate()
+        self._opened = False
+        self.open_error: ProxyShardError | None = None
+
+    @classmethod
+    def for_crawler(cls, crawler: Any) -> ShardRuntime:
+        runtime = getattr(crawler, cls.ATTRIBUTE, None)
+        if runtime is None:
+            settings = ShardSettings.from_settings(crawler.settings)
+            runtime = cls(crawler, settings, _injected_store_factory(crawler, settings))
+            setattr(crawler, cls.ATTRIBUTE, runtime)
+            crawler.signals.connect(runtime.spider_opened, signal=signals.spider_opened)
+            crawler.signals.connect(runtime.spider_closed, signal=signals.spider_closed)
+        return runtime
+
+    # --- lifecycle -----------------------------------------------------------------------------
+    @property
+    def store(self) -> AsyncPoolStore:
+        if self._store is None:
+            self._store = self._store_factory()
+        return self._store
+
+    def _default_store(self) -> AsyncPoolStore:
+        s = self.settings
+        return AsyncPoolStore(
+            async_client(s), namespace=s.namespace, host_id=s.host_id, bans=s.bans,
+            ewma_alpha=s.latency_ewma_alpha, url_for_errors=s.redis_url,
+        )
+
+    async def spider_opened(self, spider: Any) -> None:
+        """Fail fast: Redis must answer and the spider's pool must hold proxies."""
+        if self._opened:
+            return
+        self._opened = True
+        try:
+            await self.store.ping()
+            for pool, entries in self.settings.proxies.items():
+                result = await self.store.add_proxies(pool, entries)
+                logger.info("proxy_shard: pool %(pool)r: %(added)d proxies added, %(updated)d already there",
+                            {"pool": pool, "added": result.added, "updated": result.updated})
+            pool = self.spider_pool(spider)
+            size = await self.store.pool_size(pool)
+            if size == 0:
+                raise UnknownPoolError(
+                    f"pool {pool!r} (namespace {self.settings.namespace!r}) holds no proxies: load some "
+                    f"(scrapy-proxy-shard load --pool {pool} FILE, or PROXY_SHARD_PROXIES) or fix the pool name"
+                )
+            logger.info("proxy_shard: spider %(spider)s uses pool %(pool)r (%(size)d proxies) as host %(host)r",
+                        {"spider": spider.name, "pool": pool, "size": size, "host": self.settings.host_id})
+        except ProxyShardError as exc:
+            self.open_error = exc
+            self.stats.set_value(f"{STATS}/open_error", type(exc).__name__)
+            logger.error("proxy_shard: cannot start: %(error)s", {"error": exc})
+            try:
+                engine = self.crawler.engine
+            except (AttributeError, RuntimeError):  # not crawling (a test harness)
+                engine = None
+            if engine is not None:
+                asyncio.get_running_loop().call_soon(
+                    lambda: asyncio.ensure_future(engine.close_spider_async(reason="proxy_shard_error"))
+                )
+
+    async def spider_closed(self, spider: Any = None, reason: str | None = None) -> None:
+        """Give back every lease still held, then close the Redis connection."""
+        leases, self._held = list(self._held.values()), {}
+        self._inflight.clear()
+        released = 0
+        for lease in leases:
+            try:
+                await self.store.release(lease, outcome="unknown", min_interval=self._interval(lease.site),
+                                         session_ttl=self.settings.session_ttl)
+                released += 1
+            except PoolBackendError as exc:
+                logger.warning("proxy_shard: lease not released at close (it expires by itself): %(e)s", {"e": exc})
+        if released:
+            self.stats.inc_value(f"{STATS}/released_at_close", released)
+        if self._store is not None:
+            await self._store.aclose()
+            self._store = None
+
+    # --- pools and sites -----------------------------------------------------------------------
+    def spider_pool(self, spider: Any) -> str:
+        pool = getattr(spider, "proxy_pool", None) or self.settings.pool
+        try:
+            return check_name("pool", pool)
+        except SettingError:
+            raise SettingError(f"spider attribute proxy_pool ({pool!r}) is not a valid pool name") from None
+
+    def pool_for(self, request: Request, spider: Any) -> str:
+        """``meta['proxy_pool']`` → spider ``proxy_pool`` → ``PROXY_SHARD_SITE_POOLS`` → ``PROXY_SHARD_POOL``."""
+        pool = request.meta.get("proxy_pool")
+        source = "meta['proxy_pool']"
+        if not pool:
+            pool, source = getattr(spider, "proxy_pool", None), "spider attribute proxy_pool"
+        if not pool:
+            pool, source = self.settings.site_pools.get(site_of_url(request.url)), "PROXY_SHARD_SITE_POOLS"
+        if not pool:
+            return self.settings.pool
+        try:
+            return check_name("pool", pool)
+        except SettingError:
+            raise SettingError(f"{source} ({pool!r}) is not a valid pool name") from None
+
+    def _interval(self, site: str) -> float:
+        return self.settings.site_options(site).min_interval
+
+    # --- leasing -------------------------------------------------------------------------------
+    def lease_of(self, request: Request) -> Lease | None:
+        entry = self._inflight.get(request)
+        return entry.lease if entry else None
+
+    async def acquire(self, request: Request, pool: str, site: str, session_id: str | None) -> Lease:
+        """Lease a slot for ``request``, waiting as long as the engine says (bounded by MAX_WAIT)."""
+        s = self.settings
+        opts = s.site_options(site)
+        timeout = request.meta.get("download_timeout")
+        ttl = max(s.lease_ttl, float(timeout) + 30.0) if timeout else s.lease_ttl
+        loop = asyncio.get_running_loop()
+        waited = 0.0
+        async with self._gate((pool, site, session_id)):
+            while True:
+                result = await self.store.lease(pool, site, ttl=ttl, concurrency=opts.concurrency,
+                                                session_id=session_id, session_ttl=s.session_ttl)
+                if isinstance(result, Lease):
+                    break
+                remaining = s.max_wait - waited
+                if remaining <= 0:
+                    self.stats.inc_value(f"{STATS}/wait/gave_up")
+                    self.stats.inc_value(f"{STATS}/wait_time", waited)
+                    raise NoProxyAvailable(
+                        f"no proxy of pool {pool!r} became free for site {site!r} within "
+                        f"PROXY_SHARD_MAX_WAIT ({s.max_wait:g}s)"
+                    )
+                if waited == 0.0:
+                    self.stats.inc_value(f"{STATS}/waits")
+                started = loop.time()
+                await self._wait(pool, site, result, remaining)
+                waited += loop.time() - started
+        if waited:
+            self.stats.inc_value(f"{STATS}/wait_time", waited)
+        self._inflight[request] = _InFlight(result, loop.time())
+        self._held[result.token] = result
+        self.stats.inc_value(f"{STATS}/leases")
+        if session_id:
+            self.stats.inc_value(f"{STATS}/leases/session")
+        if result.rebound:
+            self.stats.inc_value(f"{STATS}/sessions/rebound")
+            logger.info("proxy_shard: session %(sid)r on %(site)s rebound to proxy %(proxy)s",
+                        {"sid": session_id, "site": site, "proxy": result.proxy_id})
+            self.crawler.signals.send_catch_log(shard_signals.session_rebound, request=request,
+                                                session_id=session_id, site=site, proxy_id=result.proxy_id)
+        return result
+
+    async def _wait(self, pool: str, site: str, wait: LeaseWait, remaining: float) -> None:
+        pause = min(wait.wait, remaining)
+        if wait.reason == "held":
+            # The earliest slot is leased: its holder's release (on any host) wakes us.
+            await self.store.wait_for_release(pool, site, min(pause, MAX_BLOCK))
+        else:
+            await asyncio.sleep(pause)
+
+    async def finish(self, request: Request, outcome: str, *, reason: str | None = None) -> ReleaseResult | None:
+        """Release ``request``'s lease with its outcome, once (later calls are no-ops)."""
+        entry = self._inflight.pop(request, None)
+        if entry is None:
+            return None
+        lease = entry.lease
+        self._held.pop(lease.token, None)
+        latency = asyncio.get_running_loop().time() - entry.started if outcome == "ok" else None
+        try:
+            result = await self.store.release(
+                lease, outcome=outcome, latency=latency, min_interval=self._interval(lease.site),
+                reason=reason, session_ttl=self.settings.session_ttl,
+            )
+        except PoolBackendError as exc:
+            self.stats.inc_value(f"{STATS}/release/errors")
+            logger.warning("proxy_shard: release failed (the lease expires by itself): %(e)s", {"e": exc})
+            return None
+        self.stats.inc_value(f"{STATS}/release/{result.status}")
+        if outcome in ("ban", "dead"):
+            self.stats.inc_value(f"{STATS}/bans")
+            self.stats.inc_value(f"{STATS}/bans/reason/{reason or outcome}")
+            if outcome == "dead":
+                self.stats.inc_value(f"{STATS}/dead")
+            logger.info(
+                "proxy_shard: %(scope)s quarantine of proxy %(proxy)s (%(reason)s, strike %(strikes)d, %(ttl).0fs)",
+                {"scope": "proxy-wide" if outcome == "dead" else f"{lease.site}", "proxy": lease.proxy_id,
+                 "reason": reason or outcome, "strikes": result.strikes,
+                 "ttl": (result.ban_until or result.now) - result.now},
+            )
+        if lease.session_id and request.meta.get("proxy_shard_end_session"):
+            await self.store.end_session(lease.pool, lease.site, lease.session_id,
+                                         min_interval=self._interval(lease.site))
+        return result
+
+
+def _injected_store_factory(crawler: Any, settings: ShardSettings) -> Callable[[], AsyncPoolStore] | None:
+    """``PROXY_SHARD_REDIS_CLIENT``: an asyncio Redis client (or a callable making one) to use instead of
+    ``PROXY_SHARD_REDIS_URL``: for Redis Cluster/Sentinel clients built by hand, and fakeredis in tests."""
+    client = crawler.settings.get("PROXY_SHARD_REDIS_CLIENT")
+    if client is None:
+        return None
+
+    def factory() -> AsyncPoolStore:
+        made = client() if callable(client) and not hasattr(client, "execute_command") else client
+        return AsyncPoolStore(made, namespace=settings.namespace, host_id=settings.host_id, bans=settings.bans,
+                              ewma_alpha=settings.latency_ewma_alpha)
+
+    return factory

@@ -1,0 +1,68 @@
+"""Real crawls: 3 `scrapy crawl` processes, real local proxies, the local anti-bot site, a real
+redis-server. Every assertion is computed from the *site's* log (what an anti-bot system sees)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scrapy_proxy_shard.demo.run import DEFAULT_BURNT, DemoConfig, run_demo
+
+pytestmark = pytest.mark.slow
+PROJECT = Path(__file__).resolve().parents[1] / "example_project"
+
+
+def test_three_hosts_share_one_pool_without_overlap(tmp_path):
+    config = DemoConfig(hosts=3, pages=12, flows=1, workdir=tmp_path, progress=False, timeout=240)
+    result = run_demo(config)
+    report = result.format()
+    failed = [f"{name}: {detail}" for name, passed, detail in result.checks() if not passed]
+    assert not failed, report
+    s = result.summary
+    assert s.overlaps == 0 and s.violations == 0, report
+    assert not s.missing_pages and s.ok_pages == 3 * 12, report
+    assert result.flows_done == 3 * 3 and s.ip_changed_responses == 0, report
+    assert not result.quarantine_reuse, report
+    assert result.leases_left == 0, report
+    # Every blacklisted (IP, site) pair was met at most once: its first ban quarantined it for all hosts.
+    burnt = {(ip, site) for site, ips in DEFAULT_BURNT.items() for ip in ips}
+    per_pair = {}
+    for entry in (e for e in s_entries(tmp_path) if (e["ip"], e["site"]) in burnt):
+        per_pair[(entry["ip"], entry["site"])] = per_pair.get((entry["ip"], entry["site"]), 0) + 1
+    assert all(n == 1 for n in per_pair.values()), per_pair
+    total_bans = sum(h.stats.get("proxy_shard/bans", 0) for h in result.hosts)
+    assert total_bans >= len(per_pair), report
+    assert all(h.stats.get("proxy_shard/release/ok", 0) > 0 for h in result.hosts)
+
+
+def s_entries(workdir: Path) -> list[dict]:
+    from scrapy_proxy_shard.demo.sitelog import read_log
+
+    return read_log(workdir / "site.log")
+
+
+def _crawl(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "scrapy", "crawl", "shop", "-a", "pages=2", *args],
+                          cwd=PROJECT, capture_output=True, text=True, timeout=60)
+
+
+def test_redis_down_at_start_stops_the_crawl_with_one_clear_line():
+    proc = _crawl("-s", "PROXY_SHARD_REDIS_URL=redis://:Secr3t@127.0.0.1:1/0")
+    assert "cannot reach Redis at redis://***:***@127.0.0.1:1/0" in proc.stderr
+    assert "Spider closed (proxy_shard_error)" in proc.stderr
+    assert "Secr3t" not in proc.stderr + proc.stdout
+
+
+def test_unknown_pool_on_the_spider_is_named_at_open(redis_server, real_redis):
+    proc = _crawl("-s", f"PROXY_SHARD_REDIS_URL={redis_server.url}")
+    assert "pool 'datacenter' (namespace 'shardshop') holds no proxies" in proc.stderr
+    assert "Spider closed (proxy_shard_error)" in proc.stderr
+
+
+def test_malformed_setting_stops_the_crawl_before_any_request(redis_server):
+    proc = _crawl("-s", f"PROXY_SHARD_REDIS_URL={redis_server.url}", "-s", "PROXY_SHARD_MIN_INTERVAL=soon")
+    assert proc.returncode != 0
+    assert "PROXY_SHARD_MIN_INTERVAL ('soon') must be a number" in proc.stderr

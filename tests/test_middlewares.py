@@ -1,0 +1,381 @@
+"""Both middlewares through Scrapy's own test helpers, on fakeredis (fast) — wiring, not the engine."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import time
+
+import fakeredis
+import pytest
+from scrapy import Request, Spider
+from scrapy.downloadermiddlewares.httpproxy import HttpProxyMiddleware
+from scrapy.exceptions import NotConfigured
+from scrapy.http import HtmlResponse, Response
+from scrapy.utils.misc import build_from_crawler
+from scrapy.utils.test import get_crawler
+from twisted.internet.error import ConnectionRefusedError
+
+from scrapy_proxy_shard import signals as shard_signals
+from scrapy_proxy_shard.addon import ProxyShardAddon
+from scrapy_proxy_shard.exceptions import (
+    NoProxyAvailable,
+    PoolBackendError,
+    ProxyBanned,
+    SettingError,
+    UnknownPoolError,
+)
+from scrapy_proxy_shard.middlewares import BanDetectionMiddleware, ProxyShardMiddleware
+from scrapy_proxy_shard.store import PoolStore
+
+PROXIES = ["http://alice:S3cret@10.9.0.1:3128", "http://10.9.0.2:3128", "http://10.9.0.3:3128"]
+PAGE = b"<html><body><div class='product'>x</div>" + b"<p>filler</p>" * 200 + b"</body></html>"
+
+
+class ShopSpider(Spider):
+    name = "shop"
+
+
+class Harness:
+    """A crawler with both middlewares on one fakeredis server shared with a sync store."""
+
+    def __init__(self, settings=None, spidercls=ShopSpider, proxies=PROXIES, pool="default"):
+        self.server = fakeredis.FakeServer()
+        self.admin = PoolStore(fakeredis.FakeRedis(server=self.server, decode_responses=True), namespace="t")
+        if proxies:
+            self.admin.add_proxies(pool, proxies)
+        base = {
+            "PROXY_SHARD_REDIS_CLIENT": lambda: fakeredis.FakeAsyncRedis(server=self.server, decode_responses=True),
+            "PROXY_SHARD_NAMESPACE": "t",
+            "PROXY_SHARD_MIN_INTERVAL": 0,
+            "PROXY_SHARD_HOST_ID": "test-host",
+        }
+        self.crawler = get_crawler(spidercls, {**base, **(settings or {})})
+        self.spider = spidercls.from_crawler(self.crawler)
+        self.crawler.spider = self.spider
+        self.lease_mw = build_from_crawler(ProxyShardMiddleware, self.crawler)
+        self.ban_mw = build_from_crawler(BanDetectionMiddleware, self.crawler)
+        self.runtime = self.lease_mw.runtime
+
+    def stat(self, name):
+        return self.crawler.stats.get_value(f"proxy_shard/{name}")
+
+    async def open(self):
+        await self.runtime.spider_opened(self.spider)
+
+    async def respond(self, request, status=200, body=PAGE, headers=None):
+        """Run a response back through the chain in Scrapy's order: ban detector (620), then lease (610)."""
+        response = HtmlResponse(request.url, status=status, body=body, headers=headers, request=request)
+        result = await self.ban_mw.process_response(request, response)
+        if isinstance(result, Response):
+            result = await self.lease_mw.process_response(request, result)
+        return result
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_lease_sets_proxy_slot_and_credentials_reach_proxy_authorization():
+    h = Harness()
+
+    async def scenario():
+        await h.open()
+        request = Request("https://www.shop.example/item/1")
+        await h.lease_mw.process_request(request)
+        proxy_id = request.meta["proxy_shard_proxy_id"]
+        assert request.meta["download_slot"] == f"shop.example|{proxy_id}"
+        HttpProxyMiddleware.from_crawler(h.crawler).process_request(request)
+        return request
+
+    request = run(scenario())
+    if request.meta["proxy"] == "http://10.9.0.1:3128":
+        assert request.headers[b"Proxy-Authorization"].startswith(b"Basic ")
+    assert "S3cret" not in request.meta["proxy"]
+    assert h.stat("leases") == 1
+
+
+def test_response_releases_and_next_request_rotates():
+    h = Harness()
+
+    async def scenario():
+        await h.open()
+        seen = []
+        for _ in range(6):
+            request = Request("http://shop.example/")
+            await h.lease_mw.process_request(request)
+            seen.append(request.meta["proxy_shard_proxy_id"])
+            assert await h.respond(request) is not None
+        return seen
+
+    seen = run(scenario())
+    assert len(set(seen[:3])) == 3 and seen[:3] == seen[3:]
+    state = h.admin.site_state("default", "shop.example")
+    assert (state.free, state.held) == (3, 0)
+    assert h.stat("release/ok") == 6
+
+
+def test_user_proxy_and_opt_out_are_left_alone_but_our_retry_copy_is_leased_again():
+    h = Harness()
+
+    async def scenario():
+        await h.open()
+        own = Request("http://shop.example/", meta={"proxy": "http://mine.example:1"})
+        skip = Request("http://shop.example/", meta={"proxy_shard_skip": True})
+        await h.lease_mw.process_request(own)
+        await h.lease_mw.process_request(skip)
+        first = Request("http://shop.example/")
+        await h.lease_mw.process_request(first)
+        copy = first.copy()  # what RetryMiddleware does: meta (with our proxy) is copied
+        await h.lease_mw.process_response(first, Response(first.url, request=first))
+        await h.lease_mw.process_request(copy)
+        return own, skip, first, copy
+
+    own, skip, first, copy = run(scenario())
+    assert own.meta["proxy"] == "http://mine.example:1" and "proxy" not in skip.meta
+    assert h.stat("skipped") == 2
+    assert h.runtime.lease_of(copy) is not None
+    assert copy.meta["proxy_shard_proxy_id"] != first.meta["proxy_shard_proxy_id"]
+
+
+def test_waits_exactly_the_pacing_interval_and_counts_it():
+    h = Harness({"PROXY_SHARD_MIN_INTERVAL": 0.3}, proxies=PROXIES[:1])
+
+    async def scenario():
+        await h.open()
+        first = Request("http://shop.example/1")
+        await h.lease_mw.process_request(first)
+        await h.respond(first)
+        started = time.monotonic()
+        second = Request("http://shop.example/2")
+        await h.lease_mw.process_request(second)
+        return time.monotonic() - started
+
+    waited = run(scenario())
+    assert 0.25 <= waited < 0.6
+    assert h.stat("waits") == 1 and 0.25 <= h.stat("wait_time") < 0.6
+
+
+def test_a_release_wakes_a_request_waiting_for_a_held_proxy():
+    h = Harness({"PROXY_SHARD_LEASE_TTL": 30}, proxies=PROXIES[:1])
+
+    async def scenario():
+        await h.open()
+        first = Request("http://shop.example/1")
+        await h.lease_mw.process_request(first)
+        second = Request("http://shop.example/2")
+        waiter = asyncio.ensure_future(h.lease_mw.process_request(second))
+        await asyncio.sleep(0.1)
+        assert not waiter.done()
+        started = time.monotonic()
+        await h.respond(first)
+        await asyncio.wait_for(waiter, 5)
+        return time.monotonic() - started
+
+    assert run(scenario()) < 1.0  # woken by the release, not by the 30 s lease expiry
+
+
+def test_gives_up_after_max_wait_with_dedicated_error():
+    h = Harness({"PROXY_SHARD_MAX_WAIT": 0.2, "PROXY_SHARD_LEASE_TTL": 30}, proxies=PROXIES[:1])
+
+    async def scenario():
+        await h.open()
+        await h.lease_mw.process_request(Request("http://shop.example/1"))
+        with pytest.raises(NoProxyAvailable, match="PROXY_SHARD_MAX_WAIT"):
+            await h.lease_mw.process_request(Request("http://shop.example/2"))
+
+    run(scenario())
+    assert h.stat("wait/gave_up") == 1
+
+
+@pytest.mark.parametrize("status", [403, 429, 503])
+def test_ban_status_quarantines_and_retries_through_another_proxy(status):
+    h = Harness()
+
+    async def scenario():
+        await h.open()
+        request = Request("http://shop.example/item", meta={"proxy_shard_max_ban_retries": 1})
+        await h.lease_mw.process_request(request)
+        retry = await h.respond(request, status=status, body=b"blocked")
+        assert isinstance(retry, Request) and retry.dont_filter
+        assert retry.meta["proxy_shard_ban_retries"] == 1
+        await h.lease_mw.process_request(retry)
+        assert retry.meta["proxy_shard_proxy_id"] != request.meta["proxy_shard_proxy_id"]
+        with pytest.raises(ProxyBanned, match="retry budget \\(1\\) is spent"):
+            await h.respond(retry, status=status, body=b"blocked")
+        return request, retry
+
+    request, retry = run(scenario())
+    bans = {(b.proxy_id, b.reason) for b in h.admin.bans("default")}
+    assert bans == {(request.meta["proxy_shard_proxy_id"], f"http_{status}"),
+                    (retry.meta["proxy_shard_proxy_id"], f"http_{status}")}
+    assert h.stat(f"bans/reason/http_{status}") == 2
+    assert h.stat("ban_retries") == 1 and h.stat("ban_gave_up") == 1
+    assert h.admin.site_state("default", "shop.example").held == 0
+
+
+def test_gzip_stub_page_missing_required_css_is_a_ban():
+    h = Harness()
+
+    async def scenario():
+        await h.open()
+        request = Request("http://shop.example/item", meta={"proxy_shard_required_css": ["div.product"]})
+        await h.lease_mw.process_request(request)
+        stub = gzip.compress(b"<html><body>Please wait</body></html>")
+        retry = await h.respond(request, body=stub, headers={"Content-Encoding": "gzip"})
+        assert isinstance(retry, Request)
+        await h.lease_mw.process_request(retry)
+        good = await h.respond(retry, body=gzip.compress(PAGE), headers={"Content-Encoding": "gzip"})
+        assert isinstance(good, Response)
+
+    run(scenario())
+    assert h.stat("bans/reason/missing_css") == 1
+
+
+def test_connection_failure_quarantines_proxy_everywhere_and_retries():
+    h = Harness()
+
+    async def scenario():
+        await h.open()
+        request = Request("http://shop.example/item")
+        await h.lease_mw.process_request(request)
+        retry = await h.ban_mw.process_exception(request, ConnectionRefusedError())
+        assert isinstance(retry, Request)
+        return request
+
+    request = run(scenario())
+    [ban] = h.admin.bans("default")
+    assert (ban.proxy_id, ban.scope, ban.reason) == (request.meta["proxy_shard_proxy_id"], "*", "connection_refused")
+    assert h.stat("dead") == 1
+
+
+def test_spider_overrides_the_policy():
+    class Picky(ShopSpider):
+        def response_is_ban(self, request, response):
+            return b"soft-block" in response.body if response.status == 200 else False
+
+    h = Harness(spidercls=Picky)
+
+    async def scenario():
+        await h.open()
+        one = Request("http://shop.example/1")
+        await h.lease_mw.process_request(one)
+        assert isinstance(await h.respond(one, status=403), Response)  # the spider says: not a ban
+        two = Request("http://shop.example/2")
+        await h.lease_mw.process_request(two)
+        assert isinstance(await h.respond(two, body=PAGE + b"soft-block"), Request)
+
+    run(scenario())
+    assert h.stat("bans/reason/spider") == 1
+
+
+def test_sticky_session_keeps_proxy_and_rebinds_after_ban_with_signal():
+    h = Harness()
+    rebound = []
+
+    def on_rebound(**kw):
+        rebound.append(kw)
+
+    h.crawler.signals.connect(on_rebound, signal=shard_signals.session_rebound)
+
+    async def scenario():
+        await h.open()
+        proxies = []
+        for step in range(3):
+            request = Request(f"http://shop.example/flow/{step}", meta={"session_id": "cart-7"})
+            await h.lease_mw.process_request(request)
+            proxies.append(request.meta["proxy_shard_proxy_id"])
+            await h.respond(request)
+        banned = Request("http://shop.example/flow/3", meta={"session_id": "cart-7"})
+        await h.lease_mw.process_request(banned)
+        retry = await h.respond(banned, status=429)
+        await h.lease_mw.process_request(retry)
+        return proxies, retry
+
+    proxies, retry = run(scenario())
+    assert len(set(proxies)) == 1
+    assert retry.meta["proxy_shard_proxy_id"] != proxies[0]
+    assert [r["session_id"] for r in rebound] == ["cart-7"]
+    assert h.stat("sessions/rebound") == 1 and h.stat("leases/session") == 5
+
+
+def test_pool_precedence_meta_spider_site_setting():
+    class Resi(ShopSpider):
+        proxy_pool = "resi"
+
+    h = Harness({"PROXY_SHARD_SITE_POOLS": {"market.example": "mkt"}})
+    runtime = h.runtime
+    plain = Spider("plain")
+    assert runtime.pool_for(Request("http://a.example/", meta={"proxy_pool": "dc"}), Resi("x")) == "dc"
+    assert runtime.pool_for(Request("http://market.example/"), Resi("x")) == "resi"
+    assert runtime.pool_for(Request("http://www.market.example/"), plain) == "mkt"
+    assert runtime.pool_for(Request("http://a.example/"), plain) == "default"
+    with pytest.raises(SettingError, match=r"meta\['proxy_pool'\] \('no such!'\)"):
+        runtime.pool_for(Request("http://a.example/", meta={"proxy_pool": "no such!"}), plain)
+
+
+def test_unknown_pool_on_spider_fails_at_open_with_clear_error():
+    class Lost(ShopSpider):
+        proxy_pool = "nope"
+
+    h = Harness(spidercls=Lost)
+
+    async def scenario():
+        await h.open()
+        with pytest.raises(UnknownPoolError, match=r"pool 'nope'.*holds no proxies"):
+            await h.lease_mw.process_request(Request("http://shop.example/"))
+
+    run(scenario())
+    assert h.stat("open_error") == "UnknownPoolError"
+
+
+def test_redis_down_at_start_is_a_clear_error_without_hanging():
+    h = Harness({"PROXY_SHARD_REDIS_CLIENT": None, "PROXY_SHARD_REDIS_URL": "redis://:pw0rd@127.0.0.1:1/0"})
+
+    async def scenario():
+        started = time.monotonic()
+        await h.open()
+        with pytest.raises(PoolBackendError, match=r"cannot reach Redis at redis://\*\*\*:\*\*\*@127.0.0.1:1/0"):
+            await h.lease_mw.process_request(Request("http://shop.example/"))
+        return time.monotonic() - started
+
+    assert run(scenario()) < 10
+    assert "pw0rd" not in str(h.runtime.open_error)
+
+
+def test_settings_are_validated_or_switched_off():
+    with pytest.raises(SettingError, match="PROXY_SHARD_MIN_INTERVAL"):
+        Harness({"PROXY_SHARD_MIN_INTERVAL": "soon"})
+    with pytest.raises(NotConfigured):
+        Harness({"PROXY_SHARD_ENABLED": False})
+
+
+def test_proxies_from_settings_are_loaded_and_malformed_ones_named():
+    h = Harness({"PROXY_SHARD_PROXIES": {"extra": ["10.9.9.9:8080"]}})
+    run(h.open())
+    assert [r.proxy.url for r in h.admin.list_proxies("extra")] == ["http://10.9.9.9:8080"]
+    bad = Harness({"PROXY_SHARD_PROXIES": ["http://u:Hunter2@bad host:1"]})
+    run(bad.open())
+    assert "Hunter2" not in str(bad.runtime.open_error)
+    assert "contains whitespace" in str(bad.runtime.open_error)
+
+
+def test_spider_closed_releases_what_is_left():
+    h = Harness()
+
+    async def scenario():
+        await h.open()
+        for n in range(3):
+            await h.lease_mw.process_request(Request(f"http://shop.example/{n}"))
+        await h.runtime.spider_closed(h.spider, "finished")
+
+    run(scenario())
+    assert h.admin.site_state("default", "shop.example").held == 0
+    assert h.stat("released_at_close") == 3
+
+
+def test_addon_inserts_both_middlewares_before_httpproxy():
+    crawler = get_crawler(ShopSpider, {"ADDONS": {ProxyShardAddon: 0}})
+    middlewares = crawler.settings.getdict("DOWNLOADER_MIDDLEWARES")
+    assert middlewares["scrapy_proxy_shard.middlewares.ProxyShardMiddleware"] == 610
+    assert middlewares["scrapy_proxy_shard.middlewares.BanDetectionMiddleware"] == 620
