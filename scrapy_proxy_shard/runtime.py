@@ -245,12 +245,18 @@ class ShardRuntime:
         return result
 
     async def _wait(self, pool: str, site: str, wait: LeaseWait, remaining: float) -> None:
+        """Wait as long as the engine said, but wake at once when any host gives a slot back.
+
+        The reported wait is exact for cooling and quarantined slots, and only an upper bound when
+        slots are held (their holders usually release long before the lease expires), so pool waits
+        block on the site's freed list with the reported wait as timeout. A session waits for its own
+        proxy, which only its own release frees: a plain sleep.
+        """
         pause = min(wait.wait, remaining)
-        if wait.reason == "held":
-            # The earliest slot is leased: its holder's release (on any host) wakes us.
-            await self.store.wait_for_release(pool, site, min(pause, MAX_BLOCK))
-        else:
+        if wait.reason == "session":
             await asyncio.sleep(pause)
+        else:
+            await self.store.wait_for_release(pool, site, min(pause, MAX_BLOCK))
 
     async def finish(self, request: Request, outcome: str, *, reason: str | None = None) -> ReleaseResult | None:
         """Release ``request``'s lease with its outcome, once (later calls are no-ops)."""

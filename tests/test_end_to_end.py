@@ -35,6 +35,11 @@ def test_three_hosts_share_one_pool_without_overlap(tmp_path):
     assert all(n == 1 for n in per_pair.values()), per_pair
     total_bans = sum(h.stats.get("proxy_shard/bans", 0) for h in result.hosts)
     assert total_bans >= len(per_pair), report
+    # The site rotates its disguises (429, 403, 503, captcha redirect, stub page) over the burnt
+    # pairs, on br/gzip-compressed bodies: each must have been recognised as a ban.
+    assert set(s.bans_by_style) == {"429", "403", "503", "captcha", "stub"}, report
+    reasons = {k.rsplit("/", 1)[1] for h in result.hosts for k in h.stats if k.startswith("proxy_shard/bans/reason/")}
+    assert {"http_429", "http_403", "http_503", "challenge_redirect", "missing_css"} <= reasons, report
     assert all(h.stats.get("proxy_shard/release/ok", 0) > 0 for h in result.hosts)
 
 

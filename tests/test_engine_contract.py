@@ -319,3 +319,14 @@ def test_a_release_wakes_a_waiter_blocked_on_the_site(store):
     store.release(lease)
     assert store.wait_for_release(POOL, "a.example", 1.0) is True
     assert lease_ok(store).proxy_id == lease.proxy_id
+
+
+def test_min_interval_is_rest_after_release_so_path_delays_cannot_shrink_the_gap(store):
+    """Pacing counts from the release (after the response came back), not from the lease: a request
+    that spent long in transit then cannot be followed by one that reaches the site too soon."""
+    store.add_proxies(POOL, URLS[:1])
+    lease = lease_ok(store)
+    time.sleep(0.2)  # a download that took 0.2 s
+    store.release(lease, min_interval=0.3)
+    wait = store.lease(POOL, "a.example", ttl=5)
+    assert isinstance(wait, LeaseWait) and 0.25 < wait.wait <= 0.3

@@ -379,3 +379,27 @@ def test_addon_inserts_both_middlewares_before_httpproxy():
     middlewares = crawler.settings.getdict("DOWNLOADER_MIDDLEWARES")
     assert middlewares["scrapy_proxy_shard.middlewares.ProxyShardMiddleware"] == 610
     assert middlewares["scrapy_proxy_shard.middlewares.BanDetectionMiddleware"] == 620
+
+
+def test_a_quarantined_proxy_does_not_make_waiters_sleep_through_a_release():
+    """Regression: with the earliest slot quarantined for minutes and another slot held, a waiter
+    must wake when the held slot is released, not sleep until the quarantine ends."""
+    h = Harness({"PROXY_SHARD_LEASE_TTL": 30}, proxies=PROXIES[:2])
+
+    async def scenario():
+        await h.open()
+        first = Request("http://shop.example/1")
+        await h.lease_mw.process_request(first)
+        other = next(p for p in PROXIES[:2] if p != first.meta["proxy"])
+        h.admin.ban("default", other, site="shop.example", ttl=120)
+        second = Request("http://shop.example/2")
+        waiter = asyncio.ensure_future(h.lease_mw.process_request(second))
+        await asyncio.sleep(0.1)
+        started = time.monotonic()
+        await h.respond(first)
+        await asyncio.wait_for(waiter, 5)
+        return time.monotonic() - started, first, second
+
+    elapsed, first, second = run(scenario())
+    assert elapsed < 1.0
+    assert second.meta["proxy_shard_proxy_id"] == first.meta["proxy_shard_proxy_id"]

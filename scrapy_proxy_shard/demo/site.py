@@ -21,7 +21,9 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import gzip
 import html
+import importlib.util
 import json
 import math
 import os
@@ -225,6 +227,23 @@ def reason_phrase(status: int) -> str:
         return HTTPStatus(status).phrase
     except ValueError:
         return "Unknown"
+
+
+def _brotli_compress(body: bytes) -> bytes:
+    import brotli
+
+    return brotli.compress(body)
+
+
+_COMPRESSORS = {"br": _brotli_compress, "gzip": gzip.compress}
+
+
+def _pick_encoding(accept: str) -> str | None:
+    """Like a real CDN: br when the client takes it (and brotli is installed), else gzip."""
+    offered = {part.split(";")[0].strip().lower() for part in accept.split(",")}
+    if "br" in offered and importlib.util.find_spec("brotli") is not None:
+        return "br"
+    return "gzip" if "gzip" in offered else None
 
 
 def render_response(
@@ -452,6 +471,7 @@ class AntiBotSite:
         port: int = 0,
         idle_timeout: float = 30.0,
         keep_entries: bool = True,
+        compress: bool = True,
     ) -> None:
         if not sites:
             raise ValueError("at least one site is required")
@@ -466,6 +486,9 @@ class AntiBotSite:
         self.host = host
         self.idle_timeout = idle_timeout
         self.keep_entries = keep_entries
+        #: Compress bodies (br or gzip) when the client accepts it, as real sites do: ban detection
+        #: must see through it (it runs before Scrapy's HttpCompressionMiddleware).
+        self.compress = compress
         self.entries: list[dict[str, Any]] = []
         self._requested_port = port
         self._port: int | None = None
@@ -639,11 +662,16 @@ class AntiBotSite:
             if latency > 0:
                 await asyncio.sleep(latency)
             headers = [("Content-Type", reply.content_type), *reply.headers]
+            body = reply.body
+            encoding = _pick_encoding(head.get("accept-encoding") or "") if self.compress and body else None
+            if encoding is not None:
+                body = _COMPRESSORS[encoding](body)
+                headers.append(("Content-Encoding", encoding))
             writer.write(
                 render_response(
                     reply.status,
                     headers,
-                    reply.body,
+                    body,
                     keep_alive=keep_alive,
                     include_body=method != "HEAD",
                 )

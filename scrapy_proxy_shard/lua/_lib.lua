@@ -18,7 +18,8 @@
 --   P:sstats             HASH   "<site>:<counter>" per site (l, ok, err, ban, ban:<reason>)
 --   P:counters           HASH   pool-wide counters (stale, expired, rebinds, ...)
 --   P:freed:<site>       LIST   one entry per slot given back on the site; waiters BLPOP it so a
---                               release wakes exactly one waiter on any host (capped, expires)
+--                               release wakes exactly one waiter on any host (at most 8 entries,
+--                               gone after 60 s idle, so stale wake-ups stay few)
 -- Times are milliseconds of the Redis server clock (TIME), so host clock skew cannot cause overlaps.
 
 local P = KEYS[1]
@@ -45,7 +46,7 @@ local function freed_key(site) return P .. ':freed:' .. site end
 local function announce_freed(site)
   local key = freed_key(site)
   redis.call('LPUSH', key, '1')
-  redis.call('LTRIM', key, 0, 63)
+  redis.call('LTRIM', key, 0, 7)
   redis.call('PEXPIRE', key, 60000)
 end
 
