@@ -11,6 +11,10 @@ from typing import Any
 
 import redis
 import redis.asyncio
+import redis.asyncio.cluster
+import redis.asyncio.sentinel
+import redis.cluster
+import redis.sentinel
 
 from .exceptions import SettingError
 from .proxies import mask
@@ -48,14 +52,33 @@ def client_params(settings: ShardSettings) -> dict[str, Any]:
     return params
 
 
-def async_client(settings: ShardSettings) -> redis.asyncio.Redis:
-    """An asyncio Redis client (for the Scrapy middlewares)."""
+def async_client(settings: ShardSettings):
+    """An asyncio Redis client (for the Scrapy middlewares): plain, Cluster or Sentinel-managed."""
+    if settings.redis_sentinels:
+        return _sentinel(redis.asyncio.sentinel.Sentinel, settings)
+    if settings.redis_cluster:
+        return _build(redis.asyncio.cluster.RedisCluster, settings)
     return _build(redis.asyncio.Redis, settings)
 
 
-def sync_client(settings: ShardSettings) -> redis.Redis:
-    """A blocking Redis client (for the CLI, the exporter and scripts)."""
+def sync_client(settings: ShardSettings):
+    """A blocking Redis client (for the CLI, the exporter and scripts): plain, Cluster or Sentinel."""
+    if settings.redis_sentinels:
+        return _sentinel(redis.sentinel.Sentinel, settings)
+    if settings.redis_cluster:
+        return _build(redis.cluster.RedisCluster, settings)
     return _build(redis.Redis, settings)
+
+
+def _sentinel(cls, settings: ShardSettings):
+    """The current master named PROXY_SHARD_REDIS_SENTINEL_MASTER, found through the sentinels; the
+    client follows a failover by asking them again."""
+    params = client_params(settings)
+    for cluster_only in ("health_check_interval",):
+        params.pop(cluster_only, None)
+    sentinel = cls(list(settings.redis_sentinels), sentinel_kwargs={"socket_timeout": params.get("socket_timeout")},
+                   **params)
+    return sentinel.master_for(settings.redis_sentinel_master)
 
 
 def _build(cls, settings: ShardSettings):

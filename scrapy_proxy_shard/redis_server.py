@@ -72,7 +72,8 @@ class RedisServer:
         return self.process.pid if self.process else None
 
     def start(self, timeout: float = 10.0) -> RedisServer:
-        self._dir = tempfile.TemporaryDirectory(prefix="proxy-shard-redis-")
+        if self._dir is None:  # a restart after kill() reuses the directory
+            self._dir = tempfile.TemporaryDirectory(prefix="proxy-shard-redis-")
         args = [
             self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
             "--save", "", "--appendonly", "no", "--dir", self._dir.name,
@@ -118,11 +119,166 @@ class RedisServer:
 
     def kill(self) -> None:
         """SIGKILL the server (an outage, for fault tests); ``start()`` brings it back on the same port."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(timeout=5)
+        proc, self.process = self.process, None
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=5)
+        if proc is not None and proc.stderr:
+            proc.stderr.close()
 
     def __enter__(self) -> RedisServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class RedisClusterServers:
+    """A throwaway Redis Cluster on loopback: ``masters`` redis-server processes in cluster mode,
+    joined by ``redis-cli --cluster create`` (no replicas). For tests and benchmarks."""
+
+    def __init__(self, masters: int = 3) -> None:
+        self.nodes = [RedisServer(extra_args=("--cluster-enabled", "yes", "--cluster-node-timeout", "2000"))
+                      for _ in range(masters)]
+
+    @property
+    def url(self) -> str:
+        return self.nodes[0].url
+
+    def start(self, timeout: float = 30.0) -> RedisClusterServers:
+        try:
+            for node in self.nodes:
+                node.start()
+            cli = str(Path(self.nodes[0].binary).with_name("redis-cli"))
+            if not Path(cli).exists():
+                cli = shutil.which("redis-cli") or cli
+            addresses = [f"127.0.0.1:{node.port}" for node in self.nodes]
+            subprocess.run([cli, "--cluster", "create", *addresses, "--cluster-replicas", "0", "--cluster-yes"],
+                           check=True, capture_output=True, timeout=timeout)
+            self._wait_ok(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_ok(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            states = []
+            for node in self.nodes:
+                client = redis.Redis(port=node.port, decode_responses=True)
+                try:
+                    states.append(client.cluster("info").get("cluster_state"))
+                finally:
+                    client.close()
+            if all(state == "ok" for state in states):
+                return
+            time.sleep(0.1)
+        raise RuntimeError("Redis Cluster did not reach cluster_state:ok")
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+    def __enter__(self) -> RedisClusterServers:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class RedisSentinelSet:
+    """A master, a replica and ``sentinels`` Redis Sentinels on loopback (for failover tests)."""
+
+    MASTER_NAME = "proxyshard"
+
+    def __init__(self, sentinels: int = 3) -> None:
+        self.master = RedisServer()
+        self.replica = RedisServer()
+        self.sentinel_ports = [free_port() for _ in range(sentinels)]
+        self._procs: list[subprocess.Popen] = []
+        self._dir: tempfile.TemporaryDirectory | None = None
+
+    @property
+    def sentinels(self) -> list[tuple[str, int]]:
+        return [("127.0.0.1", port) for port in self.sentinel_ports]
+
+    def start(self, timeout: float = 30.0) -> RedisSentinelSet:
+        try:
+            self.master.start()
+            self.replica.extra_args = ("--replicaof", "127.0.0.1", str(self.master.port))
+            self.replica.start()
+            self._dir = tempfile.TemporaryDirectory(prefix="proxy-shard-sentinel-")
+            for port in self.sentinel_ports:
+                conf = Path(self._dir.name) / f"sentinel-{port}.conf"
+                conf.write_text(
+                    f"port {port}\nbind 127.0.0.1\ndir {self._dir.name}\n"
+                    f"sentinel monitor {self.MASTER_NAME} 127.0.0.1 {self.master.port} 2\n"
+                    f"sentinel down-after-milliseconds {self.MASTER_NAME} 1000\n"
+                    f"sentinel failover-timeout {self.MASTER_NAME} 5000\n"
+                    f"sentinel parallel-syncs {self.MASTER_NAME} 1\n"
+                )
+                self._procs.append(subprocess.Popen([self.master.binary, str(conf), "--sentinel"],
+                                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                                    start_new_session=True))
+            self._wait(lambda: self.master_port() == self.master.port and self._replica_known(), timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def master_port(self) -> int | None:
+        for _, port in self.sentinels:
+            client = redis.Redis(port=port, decode_responses=True, socket_timeout=1)
+            try:
+                host_port = client.execute_command("SENTINEL", "get-master-addr-by-name", self.MASTER_NAME)
+                if host_port:
+                    return int(host_port[1])
+            except redis.RedisError:
+                continue
+            finally:
+                client.close()
+        return None
+
+    def _replica_known(self) -> bool:
+        client = redis.Redis(port=self.sentinel_ports[0], decode_responses=True, socket_timeout=1)
+        try:
+            return bool(client.execute_command("SENTINEL", "replicas", self.MASTER_NAME))
+        except redis.RedisError:
+            return False
+        finally:
+            client.close()
+
+    @staticmethod
+    def _wait(condition, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            if time.monotonic() > deadline:
+                raise RuntimeError("Redis Sentinel set did not become ready")
+            time.sleep(0.1)
+
+    def wait_for_failover(self, timeout: float = 30.0) -> int:
+        """Block until the sentinels name a master other than the original one; return its port."""
+        self._wait(lambda: self.master_port() not in (None, self.master.port), timeout)
+        return self.master_port()
+
+    def stop(self) -> None:
+        for proc in self._procs:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(timeout=5)
+        self._procs = []
+        self.replica.stop()
+        self.master.stop()
+        if self._dir is not None:
+            self._dir.cleanup()
+            self._dir = None
+
+    def __enter__(self) -> RedisSentinelSet:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

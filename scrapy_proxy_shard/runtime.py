@@ -18,8 +18,9 @@ from typing import Any
 from scrapy import Request, signals
 
 from . import signals as shard_signals
-from .connection import async_client
+from .engines import build_store, initial_proxies, platform_of, platform_pool
 from .exceptions import NoProxyAvailable, PoolBackendError, ProxyShardError, SettingError, UnknownPoolError
+from .health import HostMonitor
 from .keys import check_name
 from .settings import ShardSettings
 from .sites import SiteMap, site_of_url
@@ -29,6 +30,8 @@ logger = logging.getLogger(__name__)
 
 #: Longest single block on a site's freed list; kept below the Redis client's socket timeout.
 MAX_BLOCK = 5.0
+#: Seconds a lease outlives its request's download_timeout (release happens right after the response).
+LEASE_MARGIN = 2.0
 STATS = "proxy_shard"
 
 
@@ -93,6 +96,7 @@ class ShardRuntime:
         self._held: dict[str, Lease] = {}
         self._gate = _Gate()
         self._opened = False
+        self._monitor: HostMonitor | None = None  # heartbeats + pool log line (health.py)
         self.open_error: ProxyShardError | None = None
 
     @classmethod
@@ -114,11 +118,7 @@ class ShardRuntime:
         return self._store
 
     def _default_store(self) -> AsyncPoolStore:
-        s = self.settings
-        return AsyncPoolStore(
-            async_client(s), namespace=s.namespace, host_id=s.host_id, bans=s.bans,
-            ewma_alpha=s.latency_ewma_alpha, url_for_errors=s.redis_url,
-        )
+        return build_store(self.settings, stats=self.stats)
 
     async def spider_opened(self, spider: Any) -> None:
         """Fail fast: Redis must answer and the spider's pool must hold proxies."""
@@ -126,8 +126,8 @@ class ShardRuntime:
             return
         self._opened = True
         try:
-            await self.store.ping()
-            for pool, entries in self.settings.proxies.items():
+            await self._connect()
+            for pool, entries in initial_proxies(self.settings).items():
                 result = await self.store.add_proxies(pool, entries)
                 logger.info("proxy_shard: pool %(pool)r: %(added)d proxies added, %(updated)d already there",
                             {"pool": pool, "added": result.added, "updated": result.updated})
@@ -140,6 +140,8 @@ class ShardRuntime:
                 )
             logger.info("proxy_shard: spider %(spider)s uses pool %(pool)r (%(size)d proxies) as host %(host)r",
                         {"spider": spider.name, "pool": pool, "size": size, "host": self.settings.host_id})
+            self._monitor = HostMonitor.for_runtime(self, spider, pool)
+            await self._monitor.start()
         except ProxyShardError as exc:
             self.open_error = exc
             self.stats.set_value(f"{STATS}/open_error", type(exc).__name__)
@@ -152,6 +154,17 @@ class ShardRuntime:
                 asyncio.get_running_loop().call_soon(
                     lambda: asyncio.ensure_future(engine.close_spider_async(reason="proxy_shard_error"))
                 )
+
+    async def _connect(self) -> None:
+        """Ping Redis; if it is down at start, fail, or start in fallback when told to."""
+        try:
+            await self.store.ping()
+        except PoolBackendError as exc:
+            start_offline = getattr(self.store, "start_offline", None)
+            if self.settings.redis_down_at_start != "fallback" or start_offline is None:
+                raise
+            logger.warning("proxy_shard: %(e)s: starting in fallback (PROXY_SHARD_REDIS_DOWN_AT_START)", {"e": exc})
+            await start_offline(exc)
 
     async def spider_closed(self, spider: Any = None, reason: str | None = None) -> None:
         """Give back every lease still held, then close the Redis connection."""
@@ -167,6 +180,9 @@ class ShardRuntime:
                 logger.warning("proxy_shard: lease not released at close (it expires by itself): %(e)s", {"e": exc})
         if released:
             self.stats.inc_value(f"{STATS}/released_at_close", released)
+        if self._monitor is not None:
+            await self._monitor.stop()  # leave the pools' host lists now rather than age out
+            self._monitor = None
         if self._store is not None:
             await self._store.aclose()
             self._store = None
@@ -188,11 +204,14 @@ class ShardRuntime:
         if not pool:
             pool, source = self.settings.site_pools.get(site_of_url(request.url)), "PROXY_SHARD_SITE_POOLS"
         if not pool:
-            return self.settings.pool
-        try:
-            return check_name("pool", pool)
-        except SettingError:
-            raise SettingError(f"{source} ({pool!r}) is not a valid pool name") from None
+            pool = self.settings.pool
+        else:
+            try:
+                check_name("pool", pool)
+            except SettingError:
+                raise SettingError(f"{source} ({pool!r}) is not a valid pool name") from None
+        platform = platform_of(site_of_url(request.url), self.settings.platforms) if self.settings.platforms else None
+        return platform_pool(pool, platform) if platform else pool
 
     def _interval(self, site: str) -> float:
         return self.settings.site_options(site).min_interval
@@ -207,7 +226,8 @@ class ShardRuntime:
         s = self.settings
         opts = s.site_options(site)
         timeout = request.meta.get("download_timeout")
-        ttl = max(s.lease_ttl, float(timeout) + 30.0) if timeout else s.lease_ttl
+        # The lease must outlive the download: Scrapy cancels it after download_timeout.
+        ttl = max(s.lease_ttl, float(timeout) + LEASE_MARGIN) if timeout else s.lease_ttl
         loop = asyncio.get_running_loop()
         waited = 0.0
         async with self._gate((pool, site, session_id)):

@@ -19,6 +19,11 @@ OPERATIONS = (
     "remove",
     "end_session",
     "site_state",
+    "host_beat",
+    "host_leave",
+    "hosts",
+    "pool_status",
+    "hold",
 )
 
 

@@ -41,7 +41,24 @@ DEFAULTS: dict[str, Any] = {
     "PROXY_SHARD_PROXIES": None,
     "PROXY_SHARD_BAN_RETRIES": 5,
     "PROXY_SHARD_BAN_POLICY": "scrapy_proxy_shard.policy.BanPolicy",
+    "PROXY_SHARD_HEARTBEAT_INTERVAL": 10.0,
+    "PROXY_SHARD_HOST_TTL": None,  # default max(30, 3 x PROXY_SHARD_HEARTBEAT_INTERVAL) seconds
+    "PROXY_SHARD_LOGSTATS_INTERVAL": 60.0,
+    "PROXY_SHARD_MODE": "auto",
+    "PROXY_SHARD_REDIS_CLUSTER": False,
+    "PROXY_SHARD_REDIS_SENTINELS": None,
+    "PROXY_SHARD_REDIS_SENTINEL_MASTER": None,
+    "PROXY_SHARD_HOSTS": None,
+    "PROXY_SHARD_SHARDING": "consistent",
+    "PROXY_SHARD_PLATFORMS": {},
+    "PROXY_SHARD_FALLBACK": True,
+    "PROXY_SHARD_REDIS_DOWN_AT_START": "fail",
+    "PROXY_SHARD_FALLBACK_GRACE": 10.0,
+    "PROXY_SHARD_FALLBACK_WARMUP": 5.0,
+    "PROXY_SHARD_SNAPSHOT_INTERVAL": 5.0,
 }
+
+MODES = ("auto", "redis", "embedded", "static")
 
 SITE_OPTIONS = ("concurrency", "min_interval")
 
@@ -88,6 +105,21 @@ class ShardSettings:
     proxies: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     ban_retries: int = 5
     ban_policy: str = "scrapy_proxy_shard.policy.BanPolicy"
+    heartbeat_interval: float = 10.0
+    host_ttl: float = 30.0
+    logstats_interval: float = 60.0
+    mode: str = "embedded"
+    redis_cluster: bool = False
+    redis_sentinels: tuple[tuple[str, int], ...] = ()
+    redis_sentinel_master: str | None = None
+    hosts: tuple[str, ...] = ()
+    sharding: str = "consistent"
+    platforms: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    fallback: bool = True
+    redis_down_at_start: str = "fail"
+    fallback_grace: float = 10.0
+    fallback_warmup: float = 5.0
+    snapshot_interval: float = 5.0
 
     @classmethod
     def from_settings(cls, settings: Any) -> ShardSettings:
@@ -139,6 +171,19 @@ class ShardSettings:
             proxies=_initial_proxies(get, _name(get, "PROXY_SHARD_POOL", "pool")),
             ban_retries=_integer(get, "PROXY_SHARD_BAN_RETRIES", minimum=0),
             ban_policy=_dotted_path(get, "PROXY_SHARD_BAN_POLICY"),
+            **_health(get),
+            mode=_mode(get, redis_url or get("PROXY_SHARD_REDIS_SENTINELS")),
+            redis_cluster=_boolean(get, "PROXY_SHARD_REDIS_CLUSTER"),
+            redis_sentinels=_sentinels(get),
+            redis_sentinel_master=_sentinel_master(get),
+            hosts=_hosts(get, host_id),
+            sharding=_choice(get, "PROXY_SHARD_SHARDING", ("consistent", "modulo")),
+            platforms=_platforms(get),
+            fallback=_boolean(get, "PROXY_SHARD_FALLBACK"),
+            redis_down_at_start=_choice(get, "PROXY_SHARD_REDIS_DOWN_AT_START", ("fail", "fallback")),
+            fallback_grace=_number(get, "PROXY_SHARD_FALLBACK_GRACE", minimum=0.0),
+            fallback_warmup=_number(get, "PROXY_SHARD_FALLBACK_WARMUP", minimum=0.0),
+            snapshot_interval=_number(get, "PROXY_SHARD_SNAPSHOT_INTERVAL", minimum=0.1),
         )
 
     def site_options(self, site: str) -> SiteOptions:
@@ -320,3 +365,89 @@ def _dotted_path(get, name: str) -> str:
     if not isinstance(raw, str) or "." not in raw:
         raise SettingError(f"{name} ({raw!r}) must be a dotted import path such as 'package.module.Class'")
     return raw
+
+
+def _choice(get, name: str, allowed: tuple[str, ...]) -> str:
+    raw = get(name)
+    if raw not in allowed:
+        raise SettingError(f"{name} ({raw!r}) must be one of {', '.join(repr(a) for a in allowed)}")
+    return raw
+
+
+def _mode(get, redis_url: str | None) -> str:
+    """``auto``: Redis when a URL is set, else the embedded single-host engine."""
+    mode = _choice(get, "PROXY_SHARD_MODE", MODES)
+    if mode == "auto":
+        return "redis" if redis_url else "embedded"
+    if mode == "redis" and not redis_url:
+        raise SettingError("PROXY_SHARD_MODE is 'redis' but PROXY_SHARD_REDIS_URL (or REDIS_URL) is not set")
+    return mode
+
+
+def _hosts(get, host_id: str) -> tuple[str, ...]:
+    raw = get("PROXY_SHARD_HOSTS")
+    if raw is None:
+        return ()
+    if isinstance(raw, str):
+        raw = [h for h in raw.split(",") if h.strip()]
+    if not isinstance(raw, (list, tuple)) or not all(isinstance(h, str) and h.strip() for h in raw):
+        raise SettingError(f"PROXY_SHARD_HOSTS ({raw!r}) must be a list of host ids")
+    hosts = tuple(dict.fromkeys(h.strip() for h in raw))
+    if host_id not in hosts:
+        raise SettingError(f"PROXY_SHARD_HOST_ID ({host_id!r}) must be one of PROXY_SHARD_HOSTS {list(hosts)!r}")
+    return hosts
+
+
+def _platforms(get) -> dict[str, tuple[str, ...]]:
+    from .sites import registrable_domain
+
+    out: dict[str, tuple[str, ...]] = {}
+    for platform, sites in _mapping(get, "PROXY_SHARD_PLATFORMS").items():
+        try:
+            check_name("platform", platform)
+        except SettingError as exc:
+            raise SettingError(f"PROXY_SHARD_PLATFORMS: {exc}") from None
+        if isinstance(sites, str):
+            sites = [sites]
+        if not isinstance(sites, (list, tuple)) or not sites:
+            raise SettingError(f"PROXY_SHARD_PLATFORMS[{platform!r}] must be a non-empty list of sites")
+        out[platform] = tuple(registrable_domain(str(s)) for s in sites)
+    return out
+
+
+def _health(get) -> dict[str, float]:
+    """Heartbeat, host TTL and log line intervals (health.py): a host TTL must outlast a few beats."""
+    interval = _number(get, "PROXY_SHARD_HEARTBEAT_INTERVAL", minimum=0.01)
+    if get("PROXY_SHARD_HOST_TTL") is None:
+        host_ttl = max(30.0, 3 * interval)
+    else:
+        host_ttl = _number(get, "PROXY_SHARD_HOST_TTL", minimum=0.01)
+        if host_ttl <= interval:
+            raise SettingError(
+                f"PROXY_SHARD_HOST_TTL ({host_ttl!r}) must be longer than PROXY_SHARD_HEARTBEAT_INTERVAL "
+                f"({interval!r}), or every host would age out between two heartbeats"
+            )
+    return {"heartbeat_interval": interval, "host_ttl": host_ttl,
+            "logstats_interval": _number(get, "PROXY_SHARD_LOGSTATS_INTERVAL", minimum=0.0)}
+
+
+def _sentinels(get) -> tuple[tuple[str, int], ...]:
+    raw = get("PROXY_SHARD_REDIS_SENTINELS")
+    if not raw:
+        return ()
+    if isinstance(raw, str):
+        raw = [part for part in raw.split(",") if part.strip()]
+    out = []
+    for entry in raw:
+        host, sep, port = str(entry).strip().rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise SettingError(f"PROXY_SHARD_REDIS_SENTINELS: {entry!r} is not host:port")
+        out.append((host, int(port)))
+    return tuple(out)
+
+
+def _sentinel_master(get) -> str | None:
+    name = get("PROXY_SHARD_REDIS_SENTINEL_MASTER")
+    if get("PROXY_SHARD_REDIS_SENTINELS") and not name:
+        raise SettingError("PROXY_SHARD_REDIS_SENTINELS is set: PROXY_SHARD_REDIS_SENTINEL_MASTER must name the master")
+    return name or None

@@ -118,6 +118,72 @@ class ProxyRecord:
         return self.proxy.id
 
 
+@dataclass(frozen=True)
+class BusySlot:
+    """One slot of a site that is not free now (``pool_status(..., detail=True)``).
+
+    ``state``: ``leased`` (a request holds it), ``session`` (bound to a live sticky session),
+    ``banned`` (quarantined) or ``cooling`` (resting after a release). ``until`` is when it may be
+    used again at the earliest (Redis clock, seconds).
+    """
+
+    proxy_id: str
+    slot: int
+    state: str
+    until: float
+    host: str | None
+    session_id: str | None
+    uses: int
+    session_ttl: float
+
+
+@dataclass(frozen=True)
+class SiteStatus:
+    """Every slot of one site by state, and the slots each host holds there (leases and sessions)."""
+
+    site: str
+    now: float
+    slots: int
+    free: int
+    leased: int
+    session: int
+    cooling: int
+    banned: int
+    next_free_in: float
+    held_by_host: dict[str, int]
+    busy: tuple[BusySlot, ...] = ()
+
+
+@dataclass(frozen=True)
+class Beat:
+    """What a heartbeat learnt about the pool: size, live hosts, this host's counters, free slots."""
+
+    now: float
+    proxies: int
+    live_hosts: int
+    leases: int
+    ok: int
+    errors: int
+    bans: int
+    sites: dict[str, tuple[int, int]]  # site -> (slots, free)
+
+
+@dataclass(frozen=True)
+class HostRecord:
+    """A live Scrapy process of a pool: heartbeat times (Redis clock, s), counters, per-minute load."""
+
+    host: str
+    alive_until: float
+    beat: float
+    since: float
+    info: dict[str, Any]
+    leases: int
+    ok: int
+    errors: int
+    bans: int
+    load: dict[float, int]  # minute start -> leases taken in that minute
+
+
 # --- requests a plan yields -------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -240,6 +306,26 @@ class _StoreBase:
             _ms(session_ttl),
         ))
         return int(reply[1]) / 1000 if reply[0] == "OK" else None
+
+    def hold(self, pool: str, site: str, member: str, *, ttl: float, concurrency: int = 1):
+        """Take the named slot if it is free (adopting a lease made while Redis was unreachable).
+
+        Returns a ``Lease`` (with a fresh token and no URL lookup: ``proxy_url`` is empty), a
+        ``LeaseWait`` with reason ``held`` when the slot is busy, or None when there is no such slot.
+        """
+        return self._drive(self._hold(pool, site, member, ttl, concurrency))
+
+    def _hold(self, pool, site, member, ttl, concurrency) -> Plan:
+        token = self._token()
+        reply = yield _Script("hold", (self.prefix(pool),), (
+            site, member, int(concurrency), _ms(ttl), token, self.host_id,
+        ))
+        if reply[0] == "OK":
+            return Lease(pool=pool, site=site, proxy_id=member.rpartition("/")[0], proxy_url="", member=member,
+                         token=token, expires_at=int(reply[1]) / 1000, issued_at=int(reply[2]) / 1000)
+        if reply[0] == "BUSY":
+            return LeaseWait(int(reply[1]) / 1000, "held")
+        return None
 
     def end_session(self, pool: str, site: str, session_id: str, *, min_interval: float = 0.0):
         """End a sticky session now; its proxy goes back to the site after ``min_interval``."""
@@ -396,6 +482,113 @@ class _StoreBase:
         yield _Command(("PING",))
         return True
 
+    # --- health: heartbeats and read-only views (CLI, exporter, log line) ----------------------
+    def heartbeat(self, pool: str, *, ttl: float, info: dict[str, Any] | None = None, always: bool = True,
+                  bucket: float = 60.0, keep: float = 3600.0):
+        """Register this host (``host_id``) as alive in ``pool`` for ``ttl`` seconds and record its load.
+
+        With ``always=False`` nothing is written unless the host leased from the pool or is registered
+        there already (returns None). Returns a ``Beat`` summary of the pool otherwise.
+        """
+        return self._drive(self._heartbeat(pool, ttl, info, always, bucket, keep))
+
+    def _heartbeat(self, pool, ttl, info, always, bucket, keep) -> Plan:
+        reply = yield _Script("host_beat", (self.prefix(pool),), (
+            self.host_id, max(1, _ms(ttl)), json.dumps(info or {}, sort_keys=True), "1" if always else "0",
+            max(1, _ms(bucket)), max(1, _ms(keep)),
+        ))
+        if reply[0] != "OK":
+            return None
+        now, proxies, live, leases, ok, err, bans, n = (int(x) for x in reply[1:9])
+        sites = {reply[9 + 3 * i]: (int(reply[10 + 3 * i]), int(reply[11 + 3 * i])) for i in range(n)}
+        return Beat(now / 1000, proxies, live, leases, ok, err, bans, sites)
+
+    def leave(self, pool: str):
+        """Take this host out of the pool's live hosts now (a closing crawl); True if it was there."""
+        return self._drive(self._leave(pool))
+
+    def _leave(self, pool) -> Plan:
+        reply = yield _Script("host_leave", (self.prefix(pool),), (self.host_id,))
+        return bool(int(reply[1]))
+
+    def hosts(self, pool: str):
+        """Live hosts of a pool (heartbeat within their TTL), by host id."""
+        return self._drive(self._hosts(pool))
+
+    def _hosts(self, pool) -> Plan:
+        reply = yield _Script("hosts", (self.prefix(pool),), ())
+        records, i = [], 3
+        for _ in range(int(reply[2])):
+            host, until, beat, since, info = reply[i], int(reply[i + 1]), int(reply[i + 2]), int(reply[i + 3]), \
+                reply[i + 4]
+            leases, ok, err, bans, nb = (int(x) for x in reply[i + 5:i + 10])
+            i += 10
+            load = {int(reply[i + 2 * j]) / 1000: int(reply[i + 2 * j + 1]) for j in range(nb)}
+            i += 2 * nb
+            records.append(HostRecord(host, until / 1000, beat / 1000, since / 1000, _json_object(info),
+                                      leases, ok, err, bans, dict(sorted(load.items()))))
+        return sorted(records, key=lambda r: r.host)
+
+    def live_hosts(self, pool: str | None = None):
+        """Ids of the live hosts of ``pool``, or of every pool of the namespace when None."""
+        return self._drive(self._live_hosts(pool))
+
+    def _live_hosts(self, pool) -> Plan:
+        pools = [pool] if pool is not None else (yield from self._pools())
+        found: set[str] = set()
+        for name in pools:
+            found.update(r.host for r in (yield from self._hosts(name)))
+        return sorted(found)
+
+    def sites(self, pool: str):
+        """Sites the pool has served, with their slots per proxy (concurrency)."""
+        return self._drive(self._sites(pool))
+
+    def _sites(self, pool) -> Plan:
+        raw = yield _Command(("HGETALL", keys.sub_key(self.prefix(pool), "sites")))
+        return {site: int(c) for site, c in sorted((raw or {}).items())}
+
+    def pool_status(self, pool: str, site: str, *, detail: bool = False):
+        """Slots of a site by state (free, leased, session, cooling, banned) and per host; with
+        ``detail`` every slot that is not free. None for a site the pool never served. O(busy slots)."""
+        return self._drive(self._pool_status(pool, site, detail))
+
+    def _pool_status(self, pool, site, detail) -> Plan:
+        reply = yield _Script("pool_status", (self.prefix(pool),), (site, "1" if detail else "0"))
+        if reply[0] != "OK":
+            return None
+        now, slots, free, leased, session, cooling, banned, next_in, nh = (int(x) for x in reply[1:10])
+        i = 10
+        held = {reply[i + 2 * j]: int(reply[i + 2 * j + 1]) for j in range(nh)}
+        i += 2 * nh
+        busy = []
+        for _ in range(int(reply[i])):
+            member, state, until, host, sid, uses, sttl = reply[i + 1:i + 8]
+            pid, _, k = member.rpartition("/")
+            busy.append(BusySlot(pid, int(k), state, int(until) / 1000, host or None, sid or None, int(uses),
+                                 int(sttl) / 1000))
+            i += 7
+        return SiteStatus(site, now / 1000, slots, free, leased, session, cooling, banned, next_in / 1000,
+                          held, tuple(busy))
+
+    def proxy_urls(self, pool: str, ids: Iterable[str]):
+        """The URL (with credentials) of each proxy id, None for ids not in the pool. Never print it."""
+        return self._drive(self._proxy_urls(pool, list(ids)))
+
+    def _proxy_urls(self, pool, ids) -> Plan:
+        if not ids:
+            return {}
+        urls = yield _Command(("HMGET", keys.sub_key(self.prefix(pool), "proxies"), *ids))
+        return dict(zip(ids, urls or [None] * len(ids), strict=True))
+
+    def server_time(self):
+        """The Redis server clock (seconds): the one clock every quarantine and lease is measured by."""
+        return self._drive(self._server_time())
+
+    def _server_time(self) -> Plan:
+        sec, usec = yield _Command(("TIME",))
+        return int(sec) + int(usec) / 1e6
+
     # --- plumbing --------------------------------------------------------------------------------
     def _backend_error(self, exc: Exception) -> PoolBackendError:
         if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
@@ -483,6 +676,14 @@ def _decode(value: Any) -> Any:
     if isinstance(value, set):
         return {_decode(v) for v in value}
     return value
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def _describe(client: Any) -> str:

@@ -9,8 +9,9 @@ from __future__ import annotations
 import fakeredis
 import pytest
 import redis
+from redis.cluster import RedisCluster
 
-from scrapy_proxy_shard.redis_server import RedisServer
+from scrapy_proxy_shard.redis_server import RedisClusterServers, RedisServer
 from scrapy_proxy_shard.settings import BanOptions
 from scrapy_proxy_shard.store import PoolStore
 
@@ -30,6 +31,22 @@ def real_redis(redis_server):
     client.close()
 
 
+@pytest.fixture(scope="session")
+def redis_cluster():
+    """A real 3-master Redis Cluster on loopback (redis-cli --cluster create), for the whole session."""
+    cluster = RedisClusterServers(3).start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def cluster_redis(redis_cluster):
+    client = RedisCluster(host="127.0.0.1", port=redis_cluster.nodes[0].port, decode_responses=True)
+    client.flushall()
+    yield client
+    client.close()
+
+
 @pytest.fixture
 def fake_redis():
     client = fakeredis.FakeRedis(decode_responses=True)
@@ -40,12 +57,14 @@ def fake_redis():
 FAST_BANS = BanOptions(ttl=0.3, max_ttl=1.2, jitter=0.0, strike_window=5.0, dead_ttl=0.3)
 
 
-@pytest.fixture(params=["fakeredis", "redis-server"])
+BACKENDS = {"fakeredis": "fake_redis", "redis-server": "real_redis", "redis-cluster": "cluster_redis"}
+
+
+@pytest.fixture(params=list(BACKENDS))
 def backend(request):
-    """A Redis client of each kind: the contract suite runs against both."""
-    if request.param == "fakeredis":
-        return request.getfixturevalue("fake_redis")
-    return request.getfixturevalue("real_redis")
+    """A Redis client of each kind: the contract suite runs against all three (fakeredis is also the
+    embedded engine)."""
+    return request.getfixturevalue(BACKENDS[request.param])
 
 
 @pytest.fixture

@@ -71,3 +71,33 @@ def test_malformed_setting_stops_the_crawl_before_any_request(redis_server):
     proc = _crawl("-s", f"PROXY_SHARD_REDIS_URL={redis_server.url}", "-s", "PROXY_SHARD_MIN_INTERVAL=soon")
     assert proc.returncode != 0
     assert "PROXY_SHARD_MIN_INTERVAL ('soon') must be a number" in proc.stderr
+
+
+def test_redis_outage_mid_crawl_falls_back_without_overlap_and_recovers(tmp_path):
+    """Kill the redis-server after 40 pages, start it again (empty) 2.5 s later: the crawl finishes,
+    every page is scraped, no IP overlaps on a site during or after the outage, quarantines hold."""
+    config = DemoConfig(
+        hosts=3, pages=60, flows=0, workdir=tmp_path, progress=False, timeout=240, outage=(40, 2.5),
+        settings={"PROXY_SHARD_FALLBACK_GRACE": "2", "PROXY_SHARD_FALLBACK_WARMUP": "1",
+                  "PROXY_SHARD_SNAPSHOT_INTERVAL": "0.5",
+                  "PROXY_SHARD_REDIS_PARAMS": '{"socket_connect_timeout": 1, "socket_timeout": 2}'},
+    )
+    result = run_demo(config)
+    report = result.format()
+    assert result.events.outage_at is not None and result.events.restarted_at is not None, report
+    failed = [f"{name}: {detail}" for name, passed, detail in result.checks() if not passed]
+    assert not failed, report
+    entered = sum(h.stats.get("proxy_shard/fallback/entered", 0) for h in result.hosts)
+    assert entered >= 2, report  # the hosts still crawling when Redis died used their local slices
+    assert sum(h.stats.get("proxy_shard/fallback/leases", 0) for h in result.hosts) > 0, report
+
+
+def test_a_host_killed_mid_crawl_frees_its_leases_within_the_ttl(tmp_path):
+    config = DemoConfig(hosts=3, pages=60, flows=1, workdir=tmp_path, progress=False, timeout=240, crash=(1, 40),
+                        settings={"PROXY_SHARD_LEASE_TTL": "4", "DOWNLOAD_TIMEOUT": "2"})
+    result = run_demo(config)
+    report = result.format()
+    assert result.events.crashed_at is not None, report
+    failed = [f"{name}: {detail}" for name, passed, detail in result.checks() if not passed]
+    assert not failed, report
+    assert result.events.crash_leases_gone_after <= 4 + 1.0, report

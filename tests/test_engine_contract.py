@@ -330,3 +330,15 @@ def test_min_interval_is_rest_after_release_so_path_delays_cannot_shrink_the_gap
     store.release(lease, min_interval=0.3)
     wait = store.lease(POOL, "a.example", ttl=5)
     assert isinstance(wait, LeaseWait) and 0.25 < wait.wait <= 0.3
+
+
+def test_hold_adopts_a_named_free_slot_only(store):
+    store.add_proxies(POOL, URLS[:2])
+    taken = lease_ok(store)
+    other = next(r.id for r in store.list_proxies(POOL) if r.id != taken.proxy_id)
+    assert isinstance(store.hold(POOL, "a.example", taken.member, ttl=5), LeaseWait)
+    held = store.hold(POOL, "a.example", f"{other}/0", ttl=5)
+    assert isinstance(held, Lease) and held.proxy_id == other
+    assert isinstance(store.lease(POOL, "a.example", ttl=5), LeaseWait)  # nobody else gets it
+    assert store.release(held).status == "ok"
+    assert store.hold(POOL, "a.example", "0000000000000000/0", ttl=5) is None

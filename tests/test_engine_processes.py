@@ -12,6 +12,7 @@ import fakeredis
 import pytest
 import redis
 import redis.asyncio
+import redis.cluster
 
 from scrapy_proxy_shard.exceptions import PoolBackendError
 from scrapy_proxy_shard.store import AsyncPoolStore, Lease, LeaseWait, PoolStore
@@ -21,9 +22,15 @@ SITES = {"a.example": 1, "b.example": 2}  # site -> per-proxy concurrency
 PROXIES = [f"http://10.1.0.{i}:3128" for i in range(1, 4)]
 
 
-def _worker(url: str, worker: int, iterations: int, queue) -> None:
+def _client(url: str, cluster: bool):
+    if cluster:
+        return redis.cluster.RedisCluster.from_url(url, decode_responses=True)
+    return redis.Redis.from_url(url, decode_responses=True)
+
+
+def _worker(url: str, worker: int, iterations: int, queue, cluster: bool = False) -> None:
     """Lease, mark the slot in use, hold it briefly, unmark, release; report violations."""
-    client = redis.Redis.from_url(url, decode_responses=True)
+    client = _client(url, cluster)
     store = PoolStore(client, host_id=f"worker-{worker}", namespace="t")
     violations, done, waits = 0, 0, 0
     sites = list(SITES)
@@ -46,11 +53,15 @@ def _worker(url: str, worker: int, iterations: int, queue) -> None:
     queue.put((violations, done, waits))
 
 
-def test_eight_processes_never_exceed_the_per_site_limit(real_redis, redis_server):
+@pytest.mark.parametrize("kind", ["redis-server", "redis-cluster"])
+def test_eight_processes_never_exceed_the_per_site_limit(kind, request):
+    cluster = kind == "redis-cluster"
+    real_redis = request.getfixturevalue("cluster_redis" if cluster else "real_redis")
+    url = request.getfixturevalue("redis_cluster" if cluster else "redis_server").url
     PoolStore(real_redis, namespace="t").add_proxies(POOL, PROXIES)
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(redis_server.url, w, 60, queue)) for w in range(8)]
+    procs = [ctx.Process(target=_worker, args=(url, w, 60, queue, cluster)) for w in range(8)]
     for p in procs:
         p.start()
     results = [queue.get(timeout=120) for _ in procs]
@@ -126,3 +137,11 @@ def test_refused_connection_is_a_clear_error_with_masked_password():
     assert "cannot reach Redis at redis://***:***@127.0.0.1:1/0" in message
     assert "VerySecret" not in message
     client.close()
+
+
+def test_pools_spread_over_cluster_slots(cluster_redis):
+    """Each pool is one hash slot; different pools land on different shards."""
+    store = PoolStore(cluster_redis, namespace="t")
+    slots = {cluster_redis.keyslot(store.prefix(f"pool-{i}")) for i in range(12)}
+    nodes = {cluster_redis.nodes_manager.get_node_from_slot(slot).port for slot in slots}
+    assert len(slots) > 6 and len(nodes) == 3

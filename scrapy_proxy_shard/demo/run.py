@@ -57,6 +57,17 @@ class DemoConfig:
     timeout: float = 300.0
     progress: bool = True
     ban_ttl: float = 120.0
+    #: Extra Scrapy settings for every host (``-s NAME=VALUE``).
+    settings: dict[str, str] = field(default_factory=dict)
+    #: Kill the redis-server once the site has served ``outage[0]`` pages, and start it again
+    #: (empty, as after a restart without persistence) ``outage[1]`` seconds later.
+    outage: tuple[int, float] | None = None
+    #: SIGKILL host number ``crash[0]`` once the site has served ``crash[1]`` pages.
+    crash: tuple[int, int] | None = None
+
+    def shard_pages(self, host: int) -> set[tuple[str, str]]:
+        return {(site, path) for site, path in self.expected_pages
+                if int(path.rsplit("/", 1)[1]) % self.hosts == host}
 
     @property
     def expected_pages(self) -> set[tuple[str, str]]:
@@ -77,6 +88,18 @@ class HostRun:
 
 
 @dataclass
+class Events:
+    """What the runner did to the cluster and what it measured meanwhile."""
+
+    outage_at: float | None = None
+    restarted_at: float | None = None
+    crashed_at: float | None = None
+    #: Seconds from the SIGKILL until Redis held no lease of the killed host any more.
+    crash_leases_gone_after: float | None = None
+    crash_leases_at_kill: int = 0
+
+
+@dataclass
 class DemoResult:
     config: DemoConfig
     summary: Summary
@@ -85,6 +108,17 @@ class DemoResult:
     quarantine_reuse: list[str]
     duration: float
     workdir: Path
+    events: Events = field(default_factory=Events)
+
+    @property
+    def survivors(self) -> list[HostRun]:
+        crashed = f"host-{self.config.crash[0]}" if self.config.crash else None
+        return [h for h in self.hosts if h.name != crashed]
+
+    @property
+    def missing_survivor_pages(self) -> set[tuple[str, str]]:
+        wanted = set().union(*(self.config.shard_pages(int(h.name.split("-")[1])) for h in self.survivors))
+        return wanted & set(self.summary.missing_pages)
 
     @property
     def flows_done(self) -> int:
@@ -96,13 +130,15 @@ class DemoResult:
 
     def checks(self) -> list[tuple[str, bool, str]]:
         s = self.summary
-        return [
-            ("every host finished", all(h.exit_code == 0 for h in self.hosts),
+        flows_expected = self.config.flows * len(self.config.sites) * len(self.survivors)
+        checks = [
+            ("every host finished", all(h.exit_code == 0 for h in self.survivors),
              ", ".join(f"{h.name}: exit {h.exit_code}" for h in self.hosts)),
-            ("every expected page scraped", not s.missing_pages,
-             f"{s.ok_pages}/{len(self.config.expected_pages)} pages, {len(s.missing_pages)} missing"),
-            ("every flow completed", self.flows_done == self.config.expected_flows,
-             f"{self.flows_done}/{self.config.expected_flows} flows"),
+            ("every expected page scraped", not self.missing_survivor_pages,
+             f"{s.ok_pages}/{len(self.config.expected_pages)} pages, {len(self.missing_survivor_pages)} missing"
+             + (" (the killed host's own shard is not expected)" if self.config.crash else "")),
+            ("every flow completed", self.flows_done >= flows_expected,
+             f"{self.flows_done}/{flows_expected} flows"),
             ("zero overlaps (same IP, same site, same time)", s.overlaps == 0, f"{s.overlaps} overlaps"),
             ("zero rate/concurrency violations", s.violations == 0, f"{s.violations} violations"),
             ("no session changed IP mid-flow", s.ip_changed_responses == 0,
@@ -111,6 +147,14 @@ class DemoResult:
              f"{len(self.quarantine_reuse)} reuses"),
             ("every lease released", self.leases_left == 0, f"{self.leases_left} slots still held"),
         ]
+        if self.config.crash:
+            gone = self.events.crash_leases_gone_after
+            ttl = float(self.config.settings.get("PROXY_SHARD_LEASE_TTL", 60))
+            checks.append(("the killed host's leases expired within the lease TTL",
+                           gone is not None and gone <= ttl + 1.0,
+                           f"{self.events.crash_leases_at_kill} leases held at the kill, gone after "
+                           f"{'never' if gone is None else f'{gone:.1f}s'} (TTL {ttl:g}s)"))
+        return checks
 
     @property
     def ok(self) -> bool:
@@ -158,11 +202,9 @@ def run_demo(config: DemoConfig) -> DemoResult:
         _load_pools(store, manifest)
         _say(config, f"redis-server {server.url}, site on 127.0.0.1:{site_port}, {len(manifest)} proxies "
                      f"({RESIDENTIAL} residential), {config.hosts} hosts starting")
-        hosts = _run_hosts(config, workdir, server.url, site_log)
-        leases_left = sum(
-            (store.site_state(pool, site) or _NoState).held
-            for pool in ("datacenter", "residential") for site in config.sites
-        )
+        events = Events()
+        hosts = _run_hosts(config, workdir, server, site_log, events)
+        leases_left = _leases_of(server, None)
         store.client.close()
     finally:
         for child in reversed(children):
@@ -171,11 +213,7 @@ def run_demo(config: DemoConfig) -> DemoResult:
     entries = read_log(site_log)
     summary = summarize(entries, expected_pages=config.expected_pages)
     return DemoResult(config, summary, hosts, leases_left, _quarantine_reuse(entries, config.ban_ttl * 0.9),
-                      time.monotonic() - started, workdir)
-
-
-class _NoState:
-    held = 0
+                      time.monotonic() - started, workdir, events)
 
 
 def _start_site(config: DemoConfig, workdir: Path, log: Path, children: list) -> int:
@@ -205,7 +243,11 @@ def _load_pools(store: PoolStore, manifest: list[dict]) -> None:
     store.add_proxies("datacenter", [make_proxy(u, {"type": "datacenter"}) for u in datacenter])
 
 
-def _run_hosts(config: DemoConfig, workdir: Path, redis_url: str, site_log: Path) -> list[HostRun]:
+def _run_hosts(config: DemoConfig, workdir: Path, server: RedisServer, site_log: Path,
+               events: Events) -> list[HostRun]:
+    redis_url = server.url
+    host_ids = ",".join(f"host-{i}" for i in range(config.hosts))
+    extra = [arg for name, value in config.settings.items() for arg in ("-s", f"{name}={value}")]
     procs = []
     for i in range(config.hosts):
         name = f"host-{i}"
@@ -213,7 +255,7 @@ def _run_hosts(config: DemoConfig, workdir: Path, redis_url: str, site_log: Path
         cmd = [sys.executable, "-m", "scrapy", "crawl", "shop", "-a", f"shard={i}", "-a", f"shards={config.hosts}",
                "-a", f"sites={','.join(config.sites)}", "-a", f"pages={config.pages}", "-a", f"flows={config.flows}",
                "-a", f"flow_steps={config.flow_steps}", "-s", f"PROXY_SHARD_HOST_ID={name}",
-               "-s", f"PROXY_SHARD_BAN_TTL={config.ban_ttl}",
+               "-s", f"PROXY_SHARD_BAN_TTL={config.ban_ttl}", "-s", f"PROXY_SHARD_HOSTS={host_ids}", *extra,
                "-O", str(workdir / f"{name}.items.jsonl"), "--logfile", str(workdir / f"{name}.log")]
         procs.append((name, subprocess.Popen(cmd, cwd=config.project, env=env, stdout=subprocess.DEVNULL,
                                              stderr=subprocess.DEVNULL, start_new_session=True)))
@@ -226,7 +268,10 @@ def _run_hosts(config: DemoConfig, workdir: Path, redis_url: str, site_log: Path
             for _, p in procs:
                 _stop(p)
             break
-        time.sleep(0.5)
+        time.sleep(0.25)
+        if config.outage or config.crash:
+            served = summarize(read_log(site_log)).ok_pages
+            _disturb(config, server, procs, events, time.monotonic() - t0, served)
         if config.progress and time.monotonic() - last_print >= 1.0:
             last_print = time.monotonic()
             s = summarize(read_log(site_log), expected_pages=config.expected_pages)
@@ -235,6 +280,11 @@ def _run_hosts(config: DemoConfig, workdir: Path, redis_url: str, site_log: Path
                     f"{s.flows_completed:2d}/{config.expected_flows}  requests {s.requests:4d}  bans seen "
                     f"{s.bans_served:2d}  overlaps {s.overlaps}  hosts running {running}/{config.hosts}")
             print(line, flush=True)
+    if config.crash and events.crashed_at is not None:  # keep watching the dead host's leases run out
+        ttl = float(config.settings.get("PROXY_SHARD_LEASE_TTL", 60))
+        while events.crash_leases_gone_after is None and time.monotonic() - t0 < events.crashed_at + ttl + 2:
+            time.sleep(0.25)
+            _disturb(config, server, procs, events, time.monotonic() - t0, 0)
     hosts = []
     for name, p in procs:
         stats_file = workdir / f"{name}.stats.json"
@@ -244,6 +294,47 @@ def _run_hosts(config: DemoConfig, workdir: Path, redis_url: str, site_log: Path
             if items_file.exists() else []
         hosts.append(HostRun(name, p.returncode, stats, items, workdir / f"{name}.log"))
     return hosts
+
+
+def _disturb(config: DemoConfig, server: RedisServer, procs: list, events: Events, elapsed: float,
+             served: int) -> None:
+    """Inject the configured Redis outage and host crash, and watch the crash's leases expire."""
+    if config.outage and events.outage_at is None and served >= config.outage[0]:
+        server.kill()
+        events.outage_at = elapsed
+        _say(config, f"  {elapsed:5.1f}s  redis-server killed (outage)")
+    if config.outage and events.outage_at is not None and events.restarted_at is None \
+            and elapsed >= events.outage_at + config.outage[1]:
+        server.start()
+        events.restarted_at = elapsed
+        _say(config, f"  {elapsed:5.1f}s  redis-server started again (empty)")
+    if config.crash and events.crashed_at is None and served >= config.crash[1]:
+        name, proc = procs[config.crash[0]]
+        events.crash_leases_at_kill = _leases_of(server, name)
+        os.killpg(proc.pid, signal.SIGKILL)
+        events.crashed_at = elapsed
+        _say(config, f"  {elapsed:5.1f}s  {name} killed with SIGKILL holding {events.crash_leases_at_kill} leases")
+    if (events.crashed_at is not None and events.crash_leases_gone_after is None
+            and _leases_of(server, procs[config.crash[0]][0]) == 0):
+        events.crash_leases_gone_after = elapsed - events.crashed_at
+
+
+def _leases_of(server: RedisServer, host: str | None) -> int:
+    """Plain (non-session) leases in Redis held by ``host``: lease values are token|host|issued|session.
+
+    Sticky sessions of a dead host deliberately keep their proxy until the session TTL, so that the
+    session can go on from another host; they are not counted here.
+    """
+    client = redis.Redis.from_url(server.url, decode_responses=True)
+    try:
+        count = 0
+        for key in client.scan_iter(f"{{{NAMESPACE}:*}}:lease:*", count=1000):
+            parts = (client.get(key) or "").split("|")
+            if len(parts) == 4 and (host is None or parts[1] == host) and parts[3] == "":
+                count += 1
+        return count
+    finally:
+        client.close()
 
 
 def _quarantine_reuse(entries: list[dict], quarantine: float) -> list[str]:

@@ -15,11 +15,17 @@
 --   P:banidx             ZSET   "<site>|<id>" -> ms after which the entry (and its strikes) is forgotten
 --   P:pstats             HASH   "<id>:<counter>" per proxy (l leases, ok, err, ban, lat = EWMA ms)
 --   P:hstats             HASH   "<host>:<counter>" per host (l, ok, err, ban)
---   P:sstats             HASH   "<site>:<counter>" per site (l, ok, err, ban, ban:<reason>)
---   P:counters           HASH   pool-wide counters (stale, expired, rebinds, ...)
+--   P:sstats             HASH   "<site>:<counter>" per site (l, ok, err, banned = responses judged a ban,
+--                               ban and ban:<reason> = quarantines started; site "*" = proxy-wide)
+--   P:counters           HASH   pool-wide counters (stale, expired, rebinds, q_started = quarantines
+--                               started, q_ms = their total length in ms, less what unban cut short)
 --   P:freed:<site>       LIST   one entry per slot given back on the site; waiters BLPOP it so a
 --                               release wakes exactly one waiter on any host (at most 8 entries,
 --                               gone after 60 s idle, so stale wake-ups stay few)
+--   P:hosts              ZSET   host id -> ms until which the host counts as alive (its last heartbeat
+--                               plus its PROXY_SHARD_HOST_TTL); written by heartbeats only (host_beat.lua)
+--   P:host:<host>        HASH   beat=ms since=ms seen=leases counted at the last beat info=JSON; PX TTL
+--   P:load:<host>        HASH   minute start ms -> leases the host took in that minute (one hour kept)
 -- Times are milliseconds of the Redis server clock (TIME), so host clock skew cannot cause overlaps.
 
 local P = KEYS[1]
@@ -139,6 +145,8 @@ local function ban(scope, id, reason, base_ms, max_ms, jitter, window_ms, now)
   local until_ms = now + ttl
   redis.call('HSET', K_BANS, field, istr(until_ms) .. '|' .. strikes .. '|' .. reason .. '|' .. istr(now))
   redis.call('ZADD', K_BANIDX, until_ms + window_ms, field)
+  redis.call('HINCRBY', K_COUNTERS, 'q_started', 1)
+  redis.call('HINCRBY', K_COUNTERS, 'q_ms', ttl)
   if scope == '*' then
     for _, site in ipairs(redis.call('HKEYS', K_SITES)) do hold_slots(site, id, until_ms) end
   else
@@ -159,3 +167,8 @@ local function next_free(site, id, now, interval_ms)
   if b > t then return b end
   return t
 end
+
+-- Heartbeat keys (host_beat.lua, host_leave.lua, hosts.lua; see health.py).
+local K_HOSTS = P .. ':hosts'
+local function host_key(host) return P .. ':host:' .. host end
+local function load_key(host) return P .. ':load:' .. host end

@@ -10,6 +10,8 @@
 local scope, id = ARGV[1], ARGV[2]
 local now = now_ms()
 local field = scope .. '|' .. id
+local cut = ban_entry_until(field) - now
+if cut > 0 then redis.call('HINCRBY', K_COUNTERS, 'q_ms', -cut) end  -- mean quarantine: time served
 local lifted = redis.call('HDEL', K_BANS, field)
 redis.call('ZREM', K_BANIDX, field)
 local sites = {scope}

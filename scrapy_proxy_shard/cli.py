@@ -1,0 +1,473 @@
+"""``scrapy-proxy-shard``: see and change the shared pool while crawls run (also ``python -m scrapy_proxy_shard``).
+
+Every change goes through the same Lua scripts the crawls use, so it is atomic and visible to every
+host at once: no restart, no reload. Views read Redis at the moment they run (``snapshot.py``).
+
+Exit codes: 0 done; 1 operational error (Redis unreachable, unknown pool or proxy), printed as one
+``Error: ...`` line on stderr, never a traceback; 2 usage or validation error (bad option, bad
+proxy line; click's own usage errors are 2 too). Output never holds a credential: proxies show as
+id and masked URL, the Redis URL is masked in errors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+import click
+
+from . import cli_views as views
+from .connection import sync_client
+from .exceptions import PoolBackendError, ProxyShardError, ProxyURLError, SettingError, UnknownPoolError
+from .keys import check_name
+from .proxies import PROXY_TYPES, Proxy, make_proxy, mask, parse_proxy, split_credentials
+from .proxyfile import check_tags, parse_proxy_list
+from .settings import BanOptions, ShardSettings
+from .sites import registrable_domain
+from .snapshot import read_pool
+from .store import PoolStore
+
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+DEFAULT_POOL = "default"
+CLI_HOST_ID = "cli"
+
+
+class OperationalError(click.ClickException):
+    """Exit 1: the command was fine but could not be carried out (Redis down, unknown proxy...)."""
+
+    exit_code = 1
+
+
+class InputError(click.ClickException):
+    """Exit 2: what the user gave is invalid (bad proxy URL, bad line in a file, bad name)."""
+
+    exit_code = 2
+
+
+@dataclass
+class Ctx:
+    """Global options, and the store built from them on first use."""
+
+    redis_url: str
+    namespace: str
+    pool: str | None
+    _store: PoolStore | None = None
+
+    @property
+    def store(self) -> PoolStore:
+        if self._store is None:
+            settings = ShardSettings(redis_url=self.redis_url, namespace=self.namespace, host_id=CLI_HOST_ID)
+            self._store = PoolStore(sync_client(settings), namespace=self.namespace, host_id=CLI_HOST_ID,
+                                    bans=BanOptions(jitter=0.0), url_for_errors=self.redis_url)
+        return self._store
+
+    @property
+    def target_pool(self) -> str:
+        """The pool a change applies to: ``--pool``, else ``default``."""
+        return self.pool or DEFAULT_POOL
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.client.close()
+            self._store = None
+
+    def view_pools(self) -> list[str]:
+        """The pools a view shows: ``--pool`` (which must exist), else every pool of the namespace."""
+        known = self.store.pools()
+        if self.pool is not None:
+            if self.pool not in known and self.store.pool_size(self.pool) == 0:
+                raise OperationalError(f"pool {self.pool!r} does not exist in namespace {self.namespace!r} "
+                                       f"(pools: {', '.join(known) or 'none'})")
+            return [self.pool]
+        if not known:
+            raise OperationalError(f"namespace {self.namespace!r} has no pools yet "
+                                   "(scrapy-proxy-shard load FILE, or check --namespace / --redis-url)")
+        return known
+
+
+class _Group(click.Group):
+    """Turns the package's errors into one line and the right exit code."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (ProxyURLError, SettingError) as exc:
+            raise InputError(str(exc)) from None
+        except (PoolBackendError, UnknownPoolError) as exc:
+            raise OperationalError(str(exc)) from None
+        except ProxyShardError as exc:
+            raise OperationalError(str(exc)) from None
+        except BrokenPipeError:  # `... | head`: stop quietly (and let the final flush go nowhere)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            ctx.exit(0)
+
+
+def _check_url(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    if not value.startswith(("redis://", "rediss://", "unix://")):
+        raise click.BadParameter(f"{mask(value)!r} must start with redis://, rediss:// or unix://")
+    return value
+
+
+def _check_name(kind: str) -> Callable[[click.Context, click.Parameter, Any], Any]:
+    def check(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+        if value is None:
+            return None
+        try:
+            return check_name(kind, value)
+        except SettingError as exc:
+            raise click.BadParameter(str(exc)) from None
+    return check
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.option("--redis-url", envvar=["PROXY_SHARD_REDIS_URL", "REDIS_URL"], default=DEFAULT_REDIS_URL,
+              show_default=True, show_envvar=True, callback=_check_url, help="Redis every host points at.")
+@click.option("--namespace", envvar="PROXY_SHARD_NAMESPACE", default="proxy_shard", show_default=True,
+              show_envvar=True, callback=_check_name("namespace"), help="Key prefix (PROXY_SHARD_NAMESPACE).")
+@click.option("--pool", envvar="PROXY_SHARD_POOL", default=None, show_envvar=True, callback=_check_name("pool"),
+              help="Pool to act on. Changes default to 'default'; views default to every pool.")
+@click.version_option(package_name="scrapy-proxy-shard")
+@click.pass_context
+def cli(ctx: click.Context, redis_url: str, namespace: str, pool: str | None) -> None:
+    """See and change the proxy pool shared by Scrapy processes on many hosts, while they run."""
+    ctx.obj = Ctx(redis_url, namespace, pool)
+    ctx.call_on_close(ctx.obj.close)
+
+
+def _json(value: Any) -> None:
+    click.echo(json.dumps(value, indent=2, sort_keys=False))
+
+
+def _tag_options(f: Callable) -> Callable:
+    f = click.option("--country", help="Tag: two-letter country code.")(f)
+    f = click.option("--provider", help="Tag: provider name.")(f)
+    f = click.option("--type", "type_", type=click.Choice(PROXY_TYPES), help="Tag: proxy type.")(f)
+    return f
+
+
+def _tags(type_: str | None, provider: str | None, country: str | None) -> dict[str, str]:
+    raw = {"type": type_ or "", "provider": provider or "", "country": country or ""}
+    try:
+        return check_tags(raw)
+    except ProxyURLError as exc:
+        raise InputError(str(exc)) from None
+
+
+# --- changing the pool ---------------------------------------------------------------------------
+
+@cli.command()
+@click.argument("source", type=click.File("r", encoding="utf-8-sig"))
+@click.option("--partial", is_flag=True, help="Load the valid lines even if some lines are bad.")
+@click.option("--dry-run", is_flag=True, help="Validate only; change nothing.")
+@_tag_options
+@click.pass_obj
+def load(obj: Ctx, source: Any, partial: bool, dry_run: bool, type_: str | None, provider: str | None,
+         country: str | None) -> None:
+    """Load proxies from FILE ('-' for stdin): one per line, or CSV with a header url,type,provider,country.
+
+    Every bad line is reported with its number; nothing is loaded from a file with errors unless
+    --partial. Duplicates are merged. Running crawls use the new proxies at once.
+    """
+    name = "<stdin>" if source.name in ("-", "<stdin>") else source.name
+    parsed = parse_proxy_list(source.read(), tags=_tags(type_, provider, country))
+    for error in parsed.errors:
+        click.echo(f"{name}:{error.line}: {error.message}", err=True)
+    if parsed.errors and not partial:
+        raise InputError(f"nothing loaded: {len(parsed.errors)} bad line(s) in {name} (fix them, or pass "
+                         f"--partial to load the {len(parsed.proxies)} valid one(s))")
+    if not parsed.proxies:
+        raise InputError(f"no proxies in {name}")
+    merged = f", {parsed.duplicates} duplicate line(s) merged" if parsed.duplicates else ""
+    skipped = f", {len(parsed.errors)} bad line(s) skipped" if parsed.errors else ""
+    if dry_run:
+        click.echo(f"{name}: {len(parsed.proxies)} valid proxies{merged}{skipped} (dry run: nothing loaded)")
+        return
+    result = obj.store.add_proxies(obj.target_pool, parsed.proxies)
+    click.echo(f"pool {obj.target_pool!r}: {len(parsed.proxies)} proxies loaded ({result.added} new, "
+               f"{result.updated} already there){merged}{skipped}")
+
+
+@cli.command()
+@click.argument("urls", nargs=-1, required=True)
+@_tag_options
+@click.pass_obj
+def add(obj: Ctx, urls: tuple[str, ...], type_: str | None, provider: str | None, country: str | None) -> None:
+    """Add the proxies URL... (any form a list file accepts)."""
+    tags = _tags(type_, provider, country)
+    proxies, errors = [], []
+    for n, url in enumerate(urls, start=1):
+        try:
+            proxies.append(make_proxy(url, tags))
+        except ProxyURLError as exc:
+            errors.append(f"argument {n}: {exc}")
+    for error in errors:
+        click.echo(error, err=True)
+    if errors:
+        raise InputError(f"nothing added: {len(errors)} bad proxy URL(s)")
+    result = obj.store.add_proxies(obj.target_pool, proxies)
+    click.echo(f"pool {obj.target_pool!r}: {result.added} added, {result.updated} already there")
+    for p in proxies:
+        click.echo(f"  {p.id}  {p.masked}")
+
+
+@cli.command()
+@click.argument("proxies", nargs=-1, required=True)
+@click.pass_obj
+def remove(obj: Ctx, proxies: tuple[str, ...]) -> None:
+    """Drain PROXY... (id, or URL with or without credentials) out of the pool.
+
+    No new leases from now on; requests and sticky sessions that hold one finish normally.
+    """
+    found, missing = _resolve(obj, proxies)
+    removed = obj.store.remove_proxies(obj.target_pool, list(dict.fromkeys(found.values())))
+    click.echo(f"pool {obj.target_pool!r}: {removed} proxies drained (no new leases; running ones finish)")
+    _fail_missing(obj, missing)
+
+
+@cli.command()
+@click.argument("proxy")
+@click.option("--site", help="Quarantine on this site only (a domain or site group); default: every site.")
+@click.option("--ttl", type=click.FloatRange(min=0.001), help="Seconds (default: 1800 on a site, 300 proxy-wide; "
+              "repeated bans escalate).")
+@click.option("--reason", default="manual", show_default=True, help="Reason shown in status and metrics.")
+@click.pass_obj
+def ban(obj: Ctx, proxy: str, site: str | None, ttl: float | None, reason: str) -> None:
+    """Quarantine PROXY (id or URL) for every host at once, on one site or proxy-wide."""
+    pid = _resolve_one(obj, proxy)
+    scope = _site_key(obj, site)
+    store = obj.store
+    if ttl is not None:  # an explicit TTL is what the operator gets, strikes or not
+        store.bans_options = dataclasses.replace(store.bans_options, max_ttl=ttl)
+    result = store.ban(obj.target_pool, pid, site=scope, reason=reason, ttl=ttl)
+    left = result.until - store.server_time()
+    where = f"on {scope}" if scope else "proxy-wide"
+    if result.started:
+        click.echo(f"proxy {pid} ({_masked(obj, pid)}) quarantined {where} for {views.duration(left)} "
+                   f"(strike {result.strikes}, reason {reason})")
+    else:
+        click.echo(f"proxy {pid} ({_masked(obj, pid)}) already quarantined {where}: {views.duration(left)} left "
+                   f"(strike {result.strikes}; no extra strike)")
+
+
+@cli.command()
+@click.argument("proxy")
+@click.option("--site", help="Lift the quarantine on this site; default: the proxy-wide one.")
+@click.option("--all", "all_", is_flag=True, help="Lift every quarantine of the proxy (every site and proxy-wide).")
+@click.pass_obj
+def unban(obj: Ctx, proxy: str, site: str | None, all_: bool) -> None:
+    """Lift a quarantine of PROXY (id or URL) now; its strikes are forgotten too."""
+    if all_ and site:
+        raise click.UsageError("--site and --all exclude each other")
+    pid = _resolve_one(obj, proxy)
+    store = obj.store
+    if all_:
+        scopes = sorted({b.scope for b in store.bans(obj.target_pool) if b.proxy_id == pid})
+    else:
+        scopes = [_site_key(obj, site) or "*"]
+    lifted = [s for s in scopes if store.unban(obj.target_pool, pid, site=None if s == "*" else s)]
+    shown = ", ".join("proxy-wide" if s == "*" else s for s in lifted)
+    if lifted:
+        click.echo(f"proxy {pid} ({_masked(obj, pid)}): quarantine lifted ({shown})")
+    else:
+        where = "on any site" if all_ else ("proxy-wide" if scopes == ["*"] else f"on {scopes[0]}")
+        click.echo(f"proxy {pid} ({_masked(obj, pid)}): no quarantine {where}")
+
+
+# --- views -----------------------------------------------------------------------------------------
+
+@cli.command("list")
+@click.option("--json", "as_json", is_flag=True, help="JSON for scripts.")
+@click.pass_obj
+def list_(obj: Ctx, as_json: bool) -> None:
+    """Every proxy: id, masked URL, tags and counters (leases, ok, errors, quarantines, EWMA latency)."""
+    pools = obj.view_pools()
+    records = {pool: obj.store.list_proxies(pool) for pool in pools}
+    if as_json:
+        _json([row for pool in pools for row in views.proxies_json(pool, records[pool])])
+        return
+    rows = [(pool, r) for pool in pools for r in records[pool]]
+    if not rows:
+        click.echo("no proxies")
+        return
+    click.echo("\n\n".join(views.proxies_table(pool, records[pool]) for pool in pools if records[pool]))
+
+
+@cli.command()
+@click.option("--proxies", is_flag=True, help="Add one row per proxy and site (state, ban time left, reason).")
+@click.option("--json", "as_json", is_flag=True, help="JSON for scripts.")
+@click.pass_obj
+def status(obj: Ctx, proxies: bool, as_json: bool) -> None:
+    """Per pool: free / leased / session / cooling / banned slots per site, success, latency, hosts."""
+    click.echo(_status(obj, proxies, as_json))
+
+
+def _status(obj: Ctx, proxies: bool, as_json: bool) -> str:
+    snaps = [read_pool(obj.store, pool, detail=proxies) for pool in obj.view_pools()]
+    if as_json:
+        return json.dumps([views.status_json(s, proxies=proxies) for s in snaps], indent=2)
+    return "\n\n".join(views.status_text(s, proxies=proxies) for s in snaps)
+
+
+@cli.command()
+@click.option("--interval", type=click.FloatRange(min=0.1), default=2.0, show_default=True, help="Seconds.")
+@click.option("--proxies", is_flag=True, help="Add one row per proxy and site.")
+@click.option("--iterations", type=click.IntRange(min=0), default=0, help="Stop after N refreshes (0: never).")
+@click.pass_obj
+def watch(obj: Ctx, interval: float, proxies: bool, iterations: int) -> None:
+    """Refresh `status` every --interval seconds until Ctrl-C."""
+    clear = sys.stdout.isatty()
+    n = 0
+    try:
+        while True:
+            text = _status(obj, proxies, False)
+            if clear:
+                click.clear()
+            stamp = time.strftime("%H:%M:%S")
+            click.echo(f"every {interval:g}s, {stamp} (Ctrl-C to stop)\n\n{text}\n")
+            n += 1
+            if iterations and n >= iterations:
+                return
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        return
+
+
+@cli.command()
+@click.option("--site", help="Only this site.")
+@click.option("--json", "as_json", is_flag=True, help="JSON for scripts.")
+@click.pass_obj
+def sessions(obj: Ctx, site: str | None, as_json: bool) -> None:
+    """Live sticky sessions: site, session id, proxy, uses, time to live, host."""
+    rows = [s for pool in obj.view_pools() for s in views.sessions_json(read_pool(obj.store, pool, detail=True))
+            if site is None or s["site"] == site]
+    if as_json:
+        _json(rows)
+    else:
+        click.echo(views.sessions_table(rows) if rows else "no live sessions")
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="JSON for scripts (adds the per-minute load).")
+@click.pass_obj
+def hosts(obj: Ctx, as_json: bool) -> None:
+    """Live Scrapy processes: heartbeat age, requests, success, slots held, share of the load."""
+    rows = [h for pool in obj.view_pools() for h in views.hosts_json(read_pool(obj.store, pool))]
+    if as_json:
+        _json(rows)
+    else:
+        click.echo(views.hosts_table(rows) if rows else "no live hosts")
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="JSON for scripts.")
+@click.pass_obj
+def pools(obj: Ctx, as_json: bool) -> None:
+    """Every pool of the namespace: proxies, dead, banned, sites, live hosts, slots held."""
+    rows = [views.pools_json(read_pool(obj.store, pool)) for pool in obj.view_pools()]
+    if as_json:
+        _json(rows)
+    else:
+        click.echo(views.pools_table(rows))
+
+
+@cli.command()
+@click.option("--port", type=click.IntRange(0, 65535), default=9808, show_default=True)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0: all).")
+@click.pass_obj
+def metrics(obj: Ctx, port: int, host: str) -> None:
+    """Serve Prometheus metrics on http://HOST:PORT/metrics, read from Redis at each scrape."""
+    from .exporter import serve
+
+    obj.store.ping()  # fail now, with one line, rather than serve `proxy_shard_up 0` forever
+    pools = [obj.pool] if obj.pool else None
+    try:
+        server, _thread = serve(obj.store, host=host, port=port, pools=pools)
+    except OSError as exc:
+        raise OperationalError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    bound = server.server_address[1]
+    click.echo(f"serving http://{host}:{bound}/metrics (pools: {obj.pool or 'all'}, namespace "
+               f"{obj.namespace!r}); Ctrl-C to stop", err=True)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        while not stop.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+# --- resolving proxies ---------------------------------------------------------------------------
+
+def _resolve(obj: Ctx, refs: tuple[str, ...]) -> tuple[dict[str, str], list[str]]:
+    """Map each reference (id, URL, or URL without its credentials) to a proxy id of the pool."""
+    pool, store = obj.target_pool, obj.store
+    candidates: dict[str, str] = {}
+    for ref in refs:
+        text = ref.strip()
+        candidates[ref] = text if _is_id(text) else Proxy(parse_proxy(text)).id
+    urls = store.proxy_urls(pool, set(candidates.values()))
+    found = {ref: pid for ref, pid in candidates.items() if urls.get(pid)}
+    missing = [ref for ref in refs if ref not in found]
+    if missing and any(not _is_id(ref.strip()) for ref in missing):
+        by_address: dict[str, list[str]] = {}
+        for record in store.list_proxies(pool):
+            by_address.setdefault(split_credentials(record.proxy.url)[0], []).append(record.id)
+        for ref in [m for m in missing if not _is_id(m.strip())]:
+            ids = by_address.get(split_credentials(parse_proxy(ref))[0], [])
+            if len(ids) > 1:
+                raise InputError(f"{mask(ref)} matches {len(ids)} proxies of pool {pool!r} "
+                                 f"({', '.join(ids)}): name one by id")
+            if ids:
+                found[ref] = ids[0]
+                missing.remove(ref)
+    return found, missing
+
+
+def _resolve_one(obj: Ctx, ref: str) -> str:
+    found, missing = _resolve(obj, (ref,))
+    if missing:
+        _fail_missing(obj, missing)
+    return found[ref]
+
+
+def _fail_missing(obj: Ctx, missing: list[str]) -> None:
+    if missing:
+        shown = ", ".join(mask(m) for m in missing)
+        raise OperationalError(f"not in pool {obj.target_pool!r} (namespace {obj.namespace!r}): {shown}")
+
+
+def _masked(obj: Ctx, pid: str) -> str:
+    url = obj.store.proxy_urls(obj.target_pool, [pid]).get(pid)
+    return mask(url) if url else "removed"
+
+
+def _site_key(obj: Ctx, site: str | None) -> str | None:
+    """A site as the crawls key it: a site the pool knows (domain or group) as is, else its
+    registrable domain (``www.shop.co.uk`` -> ``shop.co.uk``)."""
+    if site is None:
+        return None
+    site = site.strip().lower()
+    if site in obj.store.sites(obj.target_pool):
+        return site
+    return registrable_domain(site)
+
+
+def _is_id(text: str) -> bool:
+    return len(text) == 16 and all(c in "0123456789abcdef" for c in text)
+
+
+def main(argv: list[str] | None = None) -> NoReturn:
+    """Console-script entry point (``scrapy-proxy-shard``)."""
+    cli.main(args=argv, prog_name="scrapy-proxy-shard")
+    raise SystemExit(0)  # cli.main exits itself in standalone mode; this line is for type checkers

@@ -1,0 +1,167 @@
+"""Prometheus exporter: ``scrapy-proxy-shard metrics --port N`` serves ``/metrics`` read from Redis.
+
+Nothing is cached or pushed: a custom collector reads every pool (``snapshot.read_pool``) when
+Prometheus scrapes, so the figures are as fresh as the scrape and one exporter serves the whole
+cluster (run one, anywhere that reaches Redis). When Redis does not answer, the scrape still
+succeeds with ``proxy_shard_up 0``, which is what an alert should watch.
+
+Labels stay low-cardinality, bounded by configuration and live processes: ``pool``, ``site``
+(a site key, ``*`` for proxy-wide quarantines), ``state``, ``reason``, ``outcome``, ``host`` (live
+hosts only). A proxy's URL or id is never a label: thousands of proxies would make thousands of
+series, and a URL would put credentials into the monitoring system.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from prometheus_client import start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import CollectorRegistry
+
+from .exceptions import ProxyShardError
+from .snapshot import STATES, PoolSnapshot, read_pool
+from .store import PoolStore
+
+logger = logging.getLogger(__name__)
+
+OUTCOMES = ("ok", "error", "banned")
+QUANTILES = (0.5, 0.9, 1.0)
+
+
+class PoolCollector:
+    """Reads the pools at scrape time; ``pools`` None means every pool of the namespace."""
+
+    def __init__(self, store: PoolStore, pools: Sequence[str] | None = None) -> None:
+        self.store = store
+        self.pools = tuple(pools) if pools else None
+
+    def describe(self) -> list[Metric]:
+        return []  # no Redis call at registration; names are checked by the tests instead
+
+    def collect(self) -> Iterator[Metric]:
+        started = time.perf_counter()
+        try:
+            snapshots = [read_pool(self.store, pool) for pool in (self.pools or self.store.pools())]
+            up = 1.0
+        except ProxyShardError as exc:
+            logger.warning("proxy_shard exporter: %(e)s", {"e": exc})
+            snapshots, up = [], 0.0
+        yield from pool_metrics(snapshots)
+        yield _gauge("proxy_shard_up", "1 if Redis answered this scrape, else 0", [], [((), up)])
+        yield _gauge("proxy_shard_scrape_duration_seconds", "Time this scrape spent reading Redis", [],
+                     [((), time.perf_counter() - started)])
+
+
+def pool_metrics(snapshots: Sequence[PoolSnapshot]) -> Iterator[Metric]:
+    """Every ``proxy_shard_*`` family for the given pools (the README lists them all)."""
+    def per_pool(name: str, doc: str, value, kind: str = "gauge") -> Metric:
+        samples = [((s.pool,), v) for s in snapshots if (v := value(s)) is not None]
+        return (_counter if kind == "counter" else _gauge)(name, doc, ["pool"], samples)
+
+    yield per_pool("proxy_shard_proxies", "Proxies in the pool", lambda s: s.proxies)
+    yield per_pool("proxy_shard_proxies_active", "Proxies not under a proxy-wide quarantine", lambda s: s.active)
+    yield per_pool("proxy_shard_proxies_dead", "Proxies under a proxy-wide quarantine (transport failures)",
+                   lambda s: len(s.dead_ids))
+    yield per_pool("proxy_shard_proxies_banned", "Proxies quarantined on at least one site",
+                   lambda s: len(s.banned_ids))
+    yield _gauge("proxy_shard_slots", "Proxy slots per site by state (free, leased, session, cooling, banned)",
+                 ["pool", "site", "state"],
+                 [((s.pool, st.site, state), getattr(st, state)) for s in snapshots for st in s.sites
+                  for state in STATES])
+    yield _gauge("proxy_shard_slots_held", "Slots a host holds now (leases and sticky sessions)", ["pool", "host"],
+                 [((s.pool, host), n) for s in snapshots for host, n in sorted(s.held_by_host().items())])
+    yield _gauge("proxy_shard_quarantines_running", "Quarantines running, by site ('*' = proxy-wide) and reason",
+                 ["pool", "site", "reason"],
+                 [((s.pool, scope, reason), n) for s in snapshots
+                  for (scope, reason), n in sorted(s.running_by_scope_reason().items())])
+    yield _counter("proxy_shard_site_quarantines", "Quarantines started, by site ('*' = proxy-wide) and reason",
+                   ["pool", "site", "reason"],
+                   [((s.pool, site, reason), n) for s in snapshots
+                    for (site, reason), n in sorted(s.bans_by_site_reason().items())])
+    yield per_pool("proxy_shard_quarantines_started", "Quarantines started", lambda s: s.quarantines_started,
+                   "counter")
+    yield per_pool("proxy_shard_quarantine_seconds", "Total length of the quarantines started, less unbans",
+                   lambda s: s.quarantine_seconds, "counter")
+    yield per_pool("proxy_shard_quarantine_mean_seconds", "Mean quarantine length: time to recovery of a banned "
+                   "proxy", lambda s: s.mean_quarantine)
+    yield _counter("proxy_shard_requests", "Leases taken per site (one per request sent through a proxy)",
+                   ["pool", "site"],
+                   [((s.pool, site), s.site_outcomes(site).leases) for s in snapshots for site in _sites(s)])
+    yield _counter("proxy_shard_responses", "Finished requests per site by outcome (ok, error, banned)",
+                   ["pool", "site", "outcome"],
+                   [((s.pool, site, name), v) for s in snapshots for site in _sites(s)
+                    for name, v in zip(OUTCOMES, _triple(s.site_outcomes(site)), strict=True)])
+    yield per_pool("proxy_shard_success_ratio", "ok / (ok + error + banned) over the pool's requests",
+                   lambda s: s.outcomes.success_ratio)
+    yield _gauge("proxy_shard_proxy_latency_seconds", "Spread of the proxies' EWMA response times",
+                 ["pool", "quantile"],
+                 [((s.pool, str(q)), v) for s in snapshots for q in QUANTILES
+                  if (v := s.latency_quantile(q)) is not None])
+    yield per_pool("proxy_shard_proxy_latency_mean_seconds", "Mean of the proxies' EWMA response times",
+                   lambda s: s.latency_mean)
+    yield _counter("proxy_shard_releases", "Releases that found their lease expired ('stale': re-leased by "
+                   "another host, 'expired': free)", ["pool", "status"],
+                   [((s.pool, st), int(s.counters.get(st, 0))) for s in snapshots for st in ("stale", "expired")])
+    yield per_pool("proxy_shard_session_rebinds", "Sticky sessions moved to another proxy",
+                   lambda s: int(s.counters.get("rebinds", 0)), "counter")
+    yield from host_metrics(snapshots)
+
+
+def host_metrics(snapshots: Sequence[PoolSnapshot]) -> Iterator[Metric]:
+    """Per live host (heartbeat within its TTL): presence, heartbeat age, requests, load."""
+    hosts = [(s, h) for s in snapshots for h in s.hosts]
+    labels = ["pool", "host"]
+    yield _gauge("proxy_shard_host_up", "1 for each live host (Scrapy process) of the pool", labels,
+                 [((s.pool, h.host), 1) for s, h in hosts])
+    yield _gauge("proxy_shard_host_heartbeat_age_seconds", "Seconds since the host's last heartbeat", labels,
+                 [((s.pool, h.host), max(0.0, s.now - h.beat)) for s, h in hosts])
+    yield _counter("proxy_shard_host_requests", "Leases the host took since it registered", labels,
+                   [((s.pool, h.host), h.leases) for s, h in hosts])
+    yield _counter("proxy_shard_host_responses", "Finished requests of the host by outcome", [*labels, "outcome"],
+                   [((s.pool, h.host, name), v) for s, h in hosts
+                    for name, v in zip(OUTCOMES, _triple(s.host_outcomes(h.host)), strict=True)])
+    yield _gauge("proxy_shard_host_success_ratio", "ok / (ok + error + banned) of the host's requests", labels,
+                 [((s.pool, h.host), r) for s, h in hosts if (r := s.host_outcomes(h.host).success_ratio) is not None])
+    yield _gauge("proxy_shard_host_recent_leases", "Leases the host took over the last 10 minutes", labels,
+                 [((s.pool, h.host), s.recent_load(h)) for s, h in hosts])
+    yield _gauge("proxy_shard_host_load_share", "The host's share of the pool's leases over the last 10 minutes",
+                 labels, [((s.pool, h.host), share) for s, h in hosts if (share := s.load_share(h)) is not None])
+
+
+def serve(store: PoolStore, *, host: str = "127.0.0.1", port: int = 9808,
+          pools: Sequence[str] | None = None) -> tuple[Any, threading.Thread]:
+    """Serve ``/metrics`` on ``host:port`` in a background thread; returns (server, thread).
+
+    Stop it with ``server.shutdown(); server.server_close()``. Only this package's metrics are
+    served (a registry of its own), so one exporter can run beside other Python exporters.
+    """
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(PoolCollector(store, pools))
+    return start_http_server(port, addr=host, registry=registry)
+
+
+def _sites(s: PoolSnapshot) -> list[str]:
+    return sorted(site for site in s.site_stats if site != "*")
+
+
+def _triple(o: Any) -> tuple[int, int, int]:
+    return (o.ok, o.errors, o.banned)
+
+
+def _gauge(name: str, doc: str, labels: list[str], samples: list[tuple[tuple, Any]]) -> Metric:
+    family = GaugeMetricFamily(name, doc, labels=labels)
+    for values, value in samples:
+        family.add_metric(list(values), float(value))
+    return family
+
+
+def _counter(name: str, doc: str, labels: list[str], samples: list[tuple[tuple, Any]]) -> Metric:
+    family = CounterMetricFamily(name, doc, labels=labels)
+    for values, value in samples:
+        family.add_metric(list(values), float(value))
+    return family

@@ -1,0 +1,382 @@
+"""Hybrid mode: the shared Redis pool while Redis answers, a local consistent-hash shard when not.
+
+While Redis answers, the host keeps a snapshot of each pool it uses (proxies and running quarantines)
+and of the host list, refreshed every ``PROXY_SHARD_SNAPSHOT_INTERVAL`` (one extra round trip per
+interval, never per request). When Redis stops answering, the host switches to an in-process engine
+holding only *its* rendezvous-hash slice of that snapshot over that host list: every host computes
+the same split, so hosts still do not overlap; pacing, bans and sessions keep working locally.
+
+It probes Redis with exponential backoff. When Redis answers again it (1) reloads a pool that came
+back empty (a restart without persistence) from the snapshot, (2) writes the quarantines it learned
+into Redis, (3) *adopts* its local leases that are still in flight into Redis (``hold.lua``), and
+then keeps leasing locally, adopting each new lease too, for ``PROXY_SHARD_FALLBACK_GRACE`` seconds
+— long enough for every other host to notice Redis is back and adopt its own — before it uses Redis
+alone again. Requests in flight are neither lost nor duplicated: each lease is released to the engine
+that issued it.
+
+What it does not cover: a *partial* partition (this host cannot reach Redis while others can) lets
+other hosts lease proxies of this host's slice meanwhile; and hosts must agree on the host list
+(``PROXY_SHARD_HOSTS``, or the live hosts registered in Redis at the last snapshot).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from .engines import embedded_client, store_kwargs
+from .exceptions import PoolBackendError, ProxyShardError
+from .proxies import Proxy, make_proxy
+from .settings import ShardSettings
+from .sharding import slice_for
+from .store import AsyncPoolStore, BanRecord, Lease, LeaseWait, ReleaseResult
+
+logger = logging.getLogger(__name__)
+STATS = "proxy_shard/fallback"
+PROBE_MIN, PROBE_MAX = 0.5, 5.0
+WARMUP = "fallback_warmup"
+
+
+def is_outage(exc: BaseException) -> bool:
+    """A connection problem (Redis unreachable), as opposed to Redis answering with an error."""
+    cause = exc.__cause__ or exc.__context__
+    text = str(exc)
+    return isinstance(cause, (redis.ConnectionError, redis.TimeoutError)) or text.startswith("cannot reach Redis")
+
+
+@dataclass
+class _Snapshot:
+    proxies: dict[str, list[Proxy]] = field(default_factory=dict)
+    bans: dict[str, list[BanRecord]] = field(default_factory=dict)
+    hosts: tuple[str, ...] = ()
+    taken_at: float = 0.0
+
+
+class FallbackPoolStore:
+    """An AsyncPoolStore look-alike that survives Redis outages (see the module docstring)."""
+
+    def __init__(self, primary: AsyncPoolStore, settings: ShardSettings, *, stats: Any = None,
+                 clock=time.monotonic) -> None:
+        self.primary = primary
+        self.settings = settings
+        self.stats = stats
+        self.clock = clock
+        self.local: AsyncPoolStore | None = None
+        self.state = "redis"  # "redis" | "fallback" | "grace"
+        self.snapshot = _Snapshot()
+        self._local_leases: dict[str, Lease] = {}  # token -> lease issued by the local engine
+        self._adopted: dict[str, Lease] = {}  # local token -> the Redis lease that adopted it
+        self._probe: asyncio.Task | None = None
+        self._entered_at = 0.0
+        self._grace_until = 0.0
+        self._site_concurrency: dict[tuple[str, str], int] = {}
+        self._entering: asyncio.Future | None = None
+        self._snapshot_at: dict[str, float] = {}
+
+    # --- the AsyncPoolStore interface the runtime uses ------------------------------------------
+    @property
+    def host_id(self) -> str:
+        return self.primary.host_id
+
+    async def ping(self) -> bool:
+        return await self.primary.ping()
+
+    async def add_proxies(self, pool: str, proxies):
+        """Add to Redis; while Redis is unreachable, to the snapshot (and this host's local slice)."""
+        items = [p if isinstance(p, Proxy) else make_proxy(p) for p in proxies]
+        if self.state == "redis":
+            try:
+                return await self.primary.add_proxies(pool, items)
+            except PoolBackendError as exc:
+                if not is_outage(exc):
+                    raise
+                await self._enter_fallback(exc)
+        known = {p.id: p for p in self.snapshot.proxies.get(pool, [])}
+        known.update((p.id, p) for p in items)
+        self.snapshot.proxies[pool] = list(known.values())
+        mine = {p.id for p in self._my_slice(pool)}
+        return await self._ensure_local().add_proxies(pool, [p for p in items if p.id in mine])
+
+    async def pool_size(self, pool: str) -> int:
+        if self.state == "redis":
+            try:
+                return await self.primary.pool_size(pool)
+            except PoolBackendError as exc:
+                if not is_outage(exc):
+                    raise
+                await self._enter_fallback(exc)
+        return len(self._my_slice(pool))
+
+    async def start_offline(self, reason: BaseException) -> None:
+        """Begin in fallback (Redis down at start, ``PROXY_SHARD_REDIS_DOWN_AT_START = 'fallback'``):
+        the snapshot is ``PROXY_SHARD_PROXIES`` over ``PROXY_SHARD_HOSTS``."""
+        self.snapshot = _Snapshot(
+            proxies={pool: [p if isinstance(p, Proxy) else Proxy(p) for p in entries]
+                     for pool, entries in _loaded(self.settings).items()},
+            hosts=self.settings.hosts, taken_at=self.clock(),
+        )
+        await self._enter_fallback(reason)
+
+    async def lease(self, pool: str, site: str, *, ttl: float, concurrency: int = 1,
+                    session_id: str | None = None, session_ttl: float = 600.0):
+        self._site_concurrency[(pool, site)] = concurrency
+        if self.state == "redis":
+            try:
+                await self._refresh_snapshot(pool)
+                return await self.primary.lease(pool, site, ttl=ttl, concurrency=concurrency,
+                                                session_id=session_id, session_ttl=session_ttl)
+            except PoolBackendError as exc:
+                if not is_outage(exc):
+                    raise
+                await self._enter_fallback(exc)
+        if self.state == "grace" and self.clock() >= self._grace_until:
+            self._leave_fallback()
+            return await self.lease(pool, site, ttl=ttl, concurrency=concurrency, session_id=session_id,
+                                    session_ttl=session_ttl)
+        return await self._local_lease(pool, site, ttl, concurrency, session_id, session_ttl)
+
+    async def wait_for_release(self, pool: str, site: str, timeout: float) -> bool:
+        if self.state == "redis":
+            try:
+                return await self.primary.wait_for_release(pool, site, timeout)
+            except PoolBackendError as exc:
+                if not is_outage(exc):
+                    raise
+                await self._enter_fallback(exc)
+                return True  # retry at once, locally
+        return await self._ensure_local().wait_for_release(pool, site, timeout)
+
+    async def release(self, lease: Lease, **kwargs) -> ReleaseResult:
+        local = self._local_leases.pop(lease.token, None)
+        if local is not None:
+            result = await self._ensure_local().release(lease, **kwargs)
+            adopted = self._adopted.pop(lease.token, None)
+            if adopted is not None:
+                await self._quietly(self.primary.release(adopted, **kwargs))
+            return result
+        try:
+            result = await self.primary.release(lease, **kwargs)
+            if result.ban_until:  # known at once to this host's fallback, not a snapshot later
+                self.snapshot.bans.setdefault(lease.pool, []).append(BanRecord(
+                    lease.proxy_id, "*" if kwargs.get("outcome") == "dead" else lease.site, result.ban_until,
+                    result.strikes, kwargs.get("reason") or "ban", result.now))
+            return result
+        except PoolBackendError as exc:
+            if not is_outage(exc):
+                raise
+            await self._enter_fallback(exc)
+            # The Redis lease runs out by itself; a ban verdict is kept locally and replayed later.
+            if kwargs.get("outcome") in ("ban", "dead") and self.local is not None:
+                scope = None if kwargs["outcome"] == "dead" else lease.site
+                await self._quietly(self.local.ban(lease.pool, lease.proxy_id, site=scope,
+                                                   reason=kwargs.get("reason") or kwargs["outcome"]))
+            return ReleaseResult("lost", time.time())
+
+    async def end_session(self, pool: str, site: str, session_id: str, *, min_interval: float = 0.0):
+        store = self.primary if self.state == "redis" else self._ensure_local()
+        try:
+            return await store.end_session(pool, site, session_id, min_interval=min_interval)
+        except PoolBackendError as exc:
+            if not is_outage(exc):
+                raise
+            return False
+
+    async def aclose(self) -> None:
+        if self._probe is not None:
+            self._probe.cancel()
+            self._probe = None
+        if self.state == "fallback":  # a last chance to hand what we learned to the other hosts
+            try:
+                await self.primary.ping()
+                await self._reconcile()
+            except ProxyShardError:
+                logger.warning("proxy_shard: closing in fallback; quarantines learned locally were not written")
+        await self.primary.aclose()
+        if self.local is not None:
+            await self.local.aclose()
+
+    def __getattr__(self, name: str) -> Any:  # read-only helpers (bans, counters...) go to Redis
+        return getattr(self.primary, name)
+
+    # --- snapshot --------------------------------------------------------------------------------
+    async def _refresh_snapshot(self, pool: str) -> None:
+        """Every ``PROXY_SHARD_SNAPSHOT_INTERVAL``: the running quarantines (one HGETALL of a bounded
+        hash) and the pool size (HLEN); the proxy list itself only when the size changed."""
+        now = self.clock()
+        if now - self._snapshot_at.get(pool, -1e18) < self.settings.snapshot_interval:
+            return
+        self._snapshot_at[pool] = now
+        size = await self.primary.pool_size(pool)
+        if pool not in self.snapshot.proxies or len(self.snapshot.proxies[pool]) != size:
+            self.snapshot.proxies[pool] = [r.proxy for r in await self.primary.list_proxies(pool)]
+            self.snapshot.hosts = await self._live_hosts()
+        self.snapshot.bans[pool] = await self.primary.bans(pool)
+        self.snapshot.taken_at = now
+
+    async def _live_hosts(self) -> tuple[str, ...]:
+        if self.settings.hosts:
+            return self.settings.hosts
+        lister = getattr(self.primary, "live_hosts", None)
+        if lister is not None:
+            hosts = tuple(await lister())
+            if hosts:
+                return tuple(sorted(set(hosts) | {self.host_id}))
+        return (self.host_id,)
+
+    def _my_slice(self, pool: str) -> list[Proxy]:
+        proxies = {p.id: p for p in self.snapshot.proxies.get(pool, [])}
+        hosts = self.snapshot.hosts or (self.host_id,)
+        if self.host_id not in hosts:
+            hosts = (*hosts, self.host_id)
+        mine = set(slice_for(proxies, hosts, self.host_id, self.settings.sharding)) if proxies else set()
+        return [p for pid, p in proxies.items() if pid in mine]
+
+    # --- switching -------------------------------------------------------------------------------
+    async def _enter_fallback(self, exc: BaseException) -> None:
+        """Switch to the local slice once; concurrent callers wait until it is ready, so no
+        request leases locally before the warm-up quarantines are in place."""
+        if self.state != "redis":
+            return
+        if self._entering is None:
+            self._entering = asyncio.ensure_future(self._prepare_fallback(exc))
+        await asyncio.shield(self._entering)
+
+    async def _prepare_fallback(self, exc: BaseException) -> None:
+        self._entered_at = self.clock()
+        local = self._ensure_local()
+        loaded = 0
+        warmup = self.settings.fallback_warmup
+        for pool in self.snapshot.proxies:
+            mine = self._my_slice(pool)
+            if mine:
+                await local.add_proxies(pool, mine)
+                loaded += len(mine)
+            # A request another host sent through one of these proxies just before Redis vanished
+            # may still be running, or have just ended: let it finish and rest before the first use.
+            for proxy in mine if warmup > 0 else ():
+                await local.ban(pool, proxy.id, site=None, reason=WARMUP, ttl=warmup)
+            for ban in self.snapshot.bans.get(pool, []):
+                left = ban.until - time.time()
+                if left > 0 and any(p.id == ban.proxy_id for p in mine):
+                    await local.ban(pool, ban.proxy_id, site=None if ban.scope == "*" else ban.scope,
+                                    reason=ban.reason, ttl=left)
+        self.state = "fallback"
+        self._inc("entered")
+        logger.warning(
+            "proxy_shard: Redis unreachable (%(error)s): using this host's slice of the last snapshot "
+            "(%(n)d proxies over %(hosts)d hosts) until it answers again",
+            {"error": exc, "n": loaded, "hosts": len(self.snapshot.hosts or (1,))},
+        )
+        if self._probe is None or self._probe.done():
+            self._probe = asyncio.ensure_future(self._probe_redis())
+
+    def _ensure_local(self) -> AsyncPoolStore:
+        if self.local is None:
+            self.local = AsyncPoolStore(embedded_client(), **store_kwargs(self.settings))
+        return self.local
+
+    async def _probe_redis(self) -> None:
+        delay = PROBE_MIN
+        while self.state == "fallback":
+            await asyncio.sleep(delay)
+            try:
+                await self.primary.ping()
+            except PoolBackendError:
+                delay = min(delay * 2, PROBE_MAX)
+                continue
+            try:
+                await self._reconcile()
+            except ProxyShardError as exc:
+                logger.warning("proxy_shard: Redis answered but reconciling failed (%(e)s); retrying", {"e": exc})
+                delay = PROBE_MIN
+                continue
+            self.state = "grace"
+            self._grace_until = self.clock() + self.settings.fallback_grace
+            logger.warning("proxy_shard: Redis answers again after %(s).1fs; back to the shared pool in %(g)gs",
+                           {"s": self.clock() - self._entered_at, "g": self.settings.fallback_grace})
+            if self.settings.fallback_grace == 0:
+                self._leave_fallback()
+
+    async def _reconcile(self) -> None:
+        """Restore an emptied pool, write learned quarantines, adopt local leases in flight."""
+        local = self._ensure_local()
+        for pool, proxies in self.snapshot.proxies.items():
+            if proxies and await self.primary.pool_size(pool) == 0:
+                await self.primary.add_proxies(pool, proxies)
+                self._inc("pools_restored")
+                logger.warning("proxy_shard: pool %(pool)r came back empty; reloaded %(n)d proxies from the snapshot",
+                               {"pool": pool, "n": len(proxies)})
+            for ban in await local.bans(pool):
+                left = ban.until - time.time()
+                if left > 0 and ban.reason != WARMUP:
+                    await self.primary.ban(pool, ban.proxy_id, site=None if ban.scope == "*" else ban.scope,
+                                           reason=ban.reason, ttl=left)
+                    self._inc("bans_replayed")
+        for token, lease in list(self._local_leases.items()):
+            await self._adopt(token, lease)
+
+    async def _adopt(self, token: str, lease: Lease) -> None:
+        if token in self._adopted:
+            return
+        concurrency = self._site_concurrency.get((lease.pool, lease.site), 1)
+        ttl = max(1.0, lease.expires_at - time.time())
+        held = await self.primary.hold(lease.pool, lease.site, lease.member, ttl=ttl, concurrency=concurrency)
+        if isinstance(held, Lease):
+            self._adopted[token] = held
+            self._inc("leases_adopted")
+        else:
+            self._inc("leases_not_adopted")
+
+    def _leave_fallback(self) -> None:
+        seconds = self.clock() - self._entered_at
+        self.state = "redis"
+        self._entering = None
+        self._snapshot_at.clear()  # refresh at the next lease
+        self._inc("exited")
+        if self.stats is not None:
+            self.stats.inc_value(f"{STATS}/seconds", seconds)
+        logger.warning("proxy_shard: back on the shared Redis pool after %(s).1fs in fallback", {"s": seconds})
+
+    # --- local leasing -----------------------------------------------------------------------------
+    async def _local_lease(self, pool, site, ttl, concurrency, session_id, session_ttl):
+        local = self._ensure_local()
+        while True:
+            result = await local.lease(pool, site, ttl=ttl, concurrency=concurrency, session_id=session_id,
+                                       session_ttl=session_ttl)
+            if not isinstance(result, Lease):
+                return result
+            self._local_leases[result.token] = result
+            self._inc("leases")
+            if self.state != "grace":
+                return result
+            try:
+                await self._adopt(result.token, result)
+            except PoolBackendError:
+                return result  # Redis went away again; the probe will notice
+            if result.token in self._adopted:
+                return result
+            # Redis says another host holds that slot: give it back locally and try another.
+            self._local_leases.pop(result.token, None)
+            await local.release(result, outcome="unknown")
+            return LeaseWait(0.05, "held")
+
+    async def _quietly(self, coro) -> None:
+        try:
+            await coro
+        except ProxyShardError as exc:
+            logger.debug("proxy_shard: ignored while Redis is unreachable: %(e)s", {"e": exc})
+
+    def _inc(self, name: str) -> None:
+        if self.stats is not None:
+            self.stats.inc_value(f"{STATS}/{name}")
+
+
+def _loaded(settings: ShardSettings) -> dict[str, list]:
+    from .engines import initial_proxies
+
+    return initial_proxies(settings)

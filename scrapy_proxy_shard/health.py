@@ -1,0 +1,131 @@
+"""Cluster-wide health from the crawl side: every Scrapy process keeps itself on the pools' host lists.
+
+A ``HostMonitor`` runs in each crawl (started by the runtime when the spider opens, stopped when it
+closes). Every ``PROXY_SHARD_HEARTBEAT_INTERVAL`` it sends one heartbeat per pool it uses
+(``host_beat.lua``): the host stays in the pool's ``hosts`` set for ``PROXY_SHARD_HOST_TTL``, the
+leases it took since the previous beat go into a per-minute load bucket, and hosts that stopped
+beating are forgotten. So operators see live processes (``scrapy-proxy-shard hosts``), their load
+over time and their success rate, while the request path pays nothing: the per-request counters are
+bumped inside the lease and release scripts that run anyway, and everything else is written here,
+once per interval.
+
+A clean close leaves at once (``host_leave.lua``); a crashed process ages out after its host TTL.
+Every ``PROXY_SHARD_LOGSTATS_INTERVAL`` the monitor also writes the log line of ``logstats.py``
+from the last beats.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from .exceptions import ProxyShardError
+from .logstats import PoolLogStats
+from .settings import ShardSettings
+from .store import Beat
+
+logger = logging.getLogger(__name__)
+
+#: Width of a load bucket and how much load history each host keeps in Redis (bounded memory).
+LOAD_BUCKET = 60.0
+LOAD_KEEP = 3600.0
+
+
+def host_info(spider_name: str | None) -> dict[str, Any]:
+    """What a host tells the others about itself: never a URL, never a credential."""
+    return {"hostname": socket.gethostname(), "pid": os.getpid(), "spider": spider_name or ""}
+
+
+class HostMonitor:
+    """Heartbeats for every pool this process uses, plus the periodic pool log line."""
+
+    def __init__(self, store: Any, settings: ShardSettings, *, pools: Iterable[str], stats: Any = None,
+                 spider_name: str | None = None, clock: Callable[[], float] | None = None) -> None:
+        self.store = store
+        self.settings = settings
+        self.pools = tuple(dict.fromkeys(pools))  # always registered: the spider's and configured pools
+        self.info = host_info(spider_name)
+        self.logstats = PoolLogStats(stats, settings.host_id) if settings.logstats_interval > 0 else None
+        self.beats: dict[str, Beat] = {}
+        self._clock = clock
+        self._task: asyncio.Task | None = None
+        self._failing = False
+
+    @classmethod
+    def for_runtime(cls, runtime: Any, spider: Any, pool: str) -> HostMonitor:
+        s: ShardSettings = runtime.settings
+        pools = [pool, s.pool, *s.site_pools.values(), *s.proxies]
+        return cls(runtime.store, s, pools=pools, stats=runtime.stats, spider_name=getattr(spider, "name", None))
+
+    async def start(self) -> None:
+        """Register at once (so ``hosts`` shows the crawl from its first second), then beat on."""
+        await self.beat()
+        if self.logstats is not None:
+            self.logstats.start(self._now())
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="proxy_shard heartbeat")
+
+    async def stop(self) -> None:
+        """Stop beating and leave every pool now, so the host drops out of ``hosts`` at once."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for pool in list(self.beats):
+            try:
+                await self.store.leave(pool)
+            except ProxyShardError as exc:
+                logger.warning("proxy_shard: could not leave pool %(pool)r (the host ages out by itself): %(e)s",
+                               {"pool": pool, "e": exc})
+        self.beats.clear()
+
+    async def beat(self) -> dict[str, Beat]:
+        """One heartbeat per pool: the configured ones always, the others where this host leased."""
+        try:
+            known = await self.store.pools()
+            for pool in (*self.pools, *(p for p in known if p not in self.pools)):
+                beat = await self.store.heartbeat(
+                    pool, ttl=self.settings.host_ttl, info=self.info, always=pool in self.pools,
+                    bucket=LOAD_BUCKET, keep=LOAD_KEEP,
+                )
+                if beat is not None:
+                    self.beats[pool] = beat
+        except ProxyShardError as exc:
+            if not self._failing:
+                logger.warning("proxy_shard: heartbeat failed (retrying every %(s)gs): %(e)s",
+                               {"s": self.settings.heartbeat_interval, "e": exc})
+            self._failing = True
+        else:
+            if self._failing:
+                logger.info("proxy_shard: heartbeat restored")
+            self._failing = False
+        return self.beats
+
+    async def _run(self) -> None:
+        interval = self.settings.heartbeat_interval
+        log_every = self.settings.logstats_interval
+        next_beat = self._now() + interval
+        next_log = self._now() + log_every
+        while True:
+            due = min(next_beat, next_log) if self.logstats is not None else next_beat
+            await asyncio.sleep(max(0.0, due - self._now()))
+            now = self._now()
+            try:
+                if now >= next_beat:
+                    await self.beat()
+                if self.logstats is not None and now >= next_log:
+                    self.logstats.log(self.beats, now)
+            except Exception:  # a monitoring bug must never stop the heartbeats (nor the crawl)
+                logger.exception("proxy_shard: heartbeat or log line failed")
+            if now >= next_beat:
+                next_beat = now + interval
+            if now >= next_log:
+                next_log = now + log_every
+
+    def _now(self) -> float:
+        return self._clock() if self._clock is not None else asyncio.get_running_loop().time()

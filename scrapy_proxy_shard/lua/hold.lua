@@ -1,0 +1,25 @@
+-- hold.lua: take one named slot if it is free: adopt, into Redis, a lease that was made by a host's
+-- local fallback engine while Redis was unreachable, so no other host is handed that slot.
+-- KEYS[1]  pool prefix "{namespace:pool}"
+-- ARGV[1]  site    ARGV[2]  member "<id>/<k>"    ARGV[3]  concurrency (slots per proxy, if the
+--          site is new)    ARGV[4]  TTL, ms    ARGV[5]  token    ARGV[6]  host id
+-- Replies:
+--   {"OK", expires_ms, now_ms}  the slot is now held with this token
+--   {"BUSY", wait_ms}           the slot is held, cooling or quarantined in Redis
+--   {"UNKNOWN"}                 no such slot (proxy not in the pool, or site built with fewer slots)
+
+local site, member = ARGV[1], ARGV[2]
+local concurrency, ttl = tonumber(ARGV[3]), tonumber(ARGV[4])
+local token, host = ARGV[5], ARGV[6]
+local now = now_ms()
+ensure_site(site, concurrency, now)
+local ready = ready_key(site)
+local score = redis.call('ZSCORE', ready, member)
+if not score then return {'UNKNOWN'} end
+score = tonumber(score)
+if score > now then return {'BUSY', score - now} end
+redis.call('ZADD', ready, now + ttl, member)
+redis.call('SET', lease_key(site, member), token .. '|' .. host .. '|' .. istr(now) .. '|', 'PX', ttl)
+redis.call('HINCRBY', K_PSTATS, id_of(member) .. ':l', 1)
+redis.call('HINCRBY', K_HSTATS, host .. ':l', 1)
+return {'OK', now + ttl, now}

@@ -1,0 +1,15 @@
+-- host_leave.lua: a Scrapy process that closes takes itself out of the pool's live hosts at once
+-- (a crashed one ages out after its host TTL instead: see host_beat.lua).
+-- KEYS[1]  pool prefix "{namespace:pool}"
+-- ARGV[1]  host id
+-- Replies:
+--   {"OK", removed}  removed 1 if the host was registered
+-- The host's counters and load history go too: a host id names one process, and a restarted
+-- process starts from zero (the pool-wide counters per site and proxy keep everything).
+
+local host = ARGV[1]
+local removed = redis.call('ZREM', K_HOSTS, host)
+redis.call('DEL', host_key(host), load_key(host))
+redis.call('HDEL', K_HSTATS, host .. ':l', host .. ':ok', host .. ':err', host .. ':ban',
+  host .. ':stale', host .. ':expired')
+return {'OK', removed}

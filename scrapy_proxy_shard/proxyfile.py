@@ -1,0 +1,119 @@
+"""Proxy list files: one proxy per line, or CSV with a header, validated line by line.
+
+Two formats, told apart by the first line that is neither blank nor a ``#`` comment:
+
+- plain: one proxy per line in any form ``parse_proxy`` accepts (``scheme://user:pass@host:port``,
+  ``host:port``, ``host:port:user:pass``);
+- CSV: a header naming the columns, ``url`` first, then any of ``type``, ``provider``, ``country``
+  (tags shown by ``list`` and kept with the proxy), e.g. ``url,type,provider,country``.
+
+Every bad line is reported with its number, so an operator fixes a file in one pass instead of one
+error per attempt; the caller decides whether anything is loaded from a file with errors. The same
+proxy twice (same canonical URL) is merged, the later line's tags winning. Error messages show
+entries masked: a typo in a line never prints its password.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from dataclasses import dataclass, field
+
+from .exceptions import ProxyURLError
+from .proxies import Proxy, make_proxy, mask
+
+COLUMNS = ("url", "type", "provider", "country")
+_COUNTRY_RE = re.compile(r"^[A-Za-z]{2}$")
+_PROVIDER_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._\-]{0,63}$")
+
+
+@dataclass(frozen=True)
+class LineError:
+    line: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"line {self.line}: {self.message}"
+
+
+@dataclass
+class ProxyList:
+    """What a file held: valid proxies (duplicates merged), bad lines, and how many were merged."""
+
+    proxies: list[Proxy] = field(default_factory=list)
+    errors: list[LineError] = field(default_factory=list)
+    duplicates: int = 0
+
+
+def check_tags(tags: dict[str, str]) -> dict[str, str]:
+    """Validate and normalise tags (``type``, ``provider``, ``country``); empty values are dropped."""
+    out: dict[str, str] = {}
+    for name, raw in tags.items():
+        value = (raw or "").strip()
+        if not value:
+            continue
+        if name == "country":
+            if not _COUNTRY_RE.match(value):
+                raise ProxyURLError(f"country {value!r} must be a two-letter code such as DE")
+            value = value.upper()
+        elif name == "provider" and not _PROVIDER_RE.match(value):
+            raise ProxyURLError(f"provider {value!r} must be 1-64 letters, digits, spaces, '.', '_' or '-'")
+        elif name == "type":
+            value = value.lower()
+        out[name] = value
+    return out
+
+
+def parse_proxy_list(text: str, *, tags: dict[str, str] | None = None) -> ProxyList:
+    """Parse a whole file; ``tags`` apply to every proxy (CSV columns override them)."""
+    result = ProxyList()
+    by_id: dict[str, Proxy] = {}
+    header: list[str] | None = None
+    first = True
+    for number, raw in enumerate(text.lstrip("\ufeff").splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if first:
+            first = False
+            header = _header(line)
+            if header is not None:
+                unknown = [c for c in header if c not in COLUMNS]
+                if unknown or header[0] != "url" or len(set(header)) != len(header):
+                    result.errors.append(LineError(number, (
+                        f"CSV header {line!r}: columns are url first, then any of "
+                        f"{', '.join(COLUMNS[1:])} (unknown or repeated: {', '.join(unknown) or 'url'})")))
+                    return result
+                continue
+        try:
+            proxy = _parse_line(line, header, dict(tags or {}))
+        except ProxyURLError as exc:
+            result.errors.append(LineError(number, str(exc)))
+            continue
+        if proxy.id in by_id:
+            result.duplicates += 1
+            proxy = Proxy(proxy.url, {**by_id[proxy.id].tags, **proxy.tags})
+        by_id[proxy.id] = proxy
+    result.proxies = list(by_id.values())
+    return result
+
+
+def _header(line: str) -> list[str] | None:
+    """Column names if ``line`` is a CSV header (its first field is ``url``), else None."""
+    fields = [f.strip().lower() for f in next(csv.reader([line]))]
+    return fields if fields and fields[0] == "url" else None
+
+
+def _parse_line(line: str, header: list[str] | None, tags: dict[str, str]) -> Proxy:
+    if header is None:
+        return make_proxy(line, check_tags(tags))
+    fields = [f.strip() for f in next(csv.reader([line]))]
+    if len(fields) > len(header):
+        raise ProxyURLError(f"{len(fields)} fields for {len(header)} columns in {mask(line)!r}")
+    row = dict(zip(header, fields + [""] * (len(header) - len(fields)), strict=True))
+    url = row.pop("url")
+    try:
+        checked = check_tags({**tags, **{k: v for k, v in row.items() if v}})
+    except ProxyURLError as exc:
+        raise ProxyURLError(f"proxy {mask(url)!r}: {exc}") from None
+    return make_proxy(url, checked)

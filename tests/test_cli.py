@@ -1,0 +1,298 @@
+"""The operator CLI against a real redis-server: through the real entry point (``python -m
+scrapy_proxy_shard`` in a subprocess) for loading, errors and exit codes, and through click's runner
+for the many views (same code, no process start per call)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+from click.testing import CliRunner
+
+from scrapy_proxy_shard.cli import cli
+from scrapy_proxy_shard.redis_server import free_port
+from scrapy_proxy_shard.store import Lease, LeaseWait, PoolStore
+
+NS = "clitest"
+GOOD = """\
+# datacenter proxies
+http://alice:Pw-Alice-77@10.1.0.1:3128
+10.1.0.2:3128
+
+10.1.0.3:3128:bob:Pw-Bob-88
+http://alice:Pw-Alice-77@10.1.0.1:3128
+"""
+BAD = """\
+http://alice:Pw-Alice-77@10.1.0.1:3128
+ftp://carol:Pw-Carol-99@10.1.0.9:21
+# a comment
+10.1.0.4
+http://dave:Pw-Dave-11@10.1.0.5:99999
+10.1.0.6:3128
+"""
+CSV = """\
+url,type,provider,country
+http://erin:Pw-Erin-22@10.2.0.1:8080,residential,Acme,de
+10.2.0.2:8080,mobile,,us
+"""
+SECRETS = ("Pw-Alice-77", "Pw-Bob-88", "Pw-Carol-99", "Pw-Dave-11", "Pw-Erin-22")
+
+
+@pytest.fixture
+def env(redis_server, real_redis):
+    return {**os.environ, "PROXY_SHARD_REDIS_URL": redis_server.url, "PROXY_SHARD_NAMESPACE": NS}
+
+
+@pytest.fixture
+def store(real_redis):
+    return PoolStore(real_redis, namespace=NS, host_id="host-a")
+
+
+def run(env, *args, stdin: str | None = None) -> subprocess.CompletedProcess:
+    """The real entry point, in its own process."""
+    proc = subprocess.run([sys.executable, "-m", "scrapy_proxy_shard", *args], env=env, input=stdin,
+                          capture_output=True, text=True, timeout=60)
+    assert not any(s in proc.stdout + proc.stderr for s in SECRETS), proc.stdout + proc.stderr
+    return proc
+
+
+def invoke(env, *args, stdin: str | None = None):
+    """The same CLI in this process (click's runner)."""
+    result = CliRunner().invoke(cli, list(args), env={k: env[k] for k in ("PROXY_SHARD_REDIS_URL",
+                                                                           "PROXY_SHARD_NAMESPACE")},
+                                input=stdin, catch_exceptions=False)
+    assert not any(s in result.stdout + result.stderr for s in SECRETS), result.stdout + result.stderr
+    return result
+
+
+# --- load / add / remove ------------------------------------------------------------------------------
+
+def test_load_a_good_file_merges_duplicates_and_masks(env, tmp_path, store):
+    path = tmp_path / "proxies.txt"
+    path.write_text(GOOD)
+    proc = run(env, "load", str(path))
+    assert proc.returncode == 0, proc.stderr
+    assert "pool 'default': 3 proxies loaded (3 new, 0 already there), 1 duplicate line(s) merged" in proc.stdout
+    assert store.pool_size("default") == 3
+    listed = run(env, "list")
+    assert listed.returncode == 0
+    assert "http://***:***@10.1.0.1:3128" in listed.stdout and "http://***:***@10.1.0.3:3128" in listed.stdout
+    again = run(env, "load", str(path))
+    assert "(0 new, 3 already there)" in again.stdout
+
+
+def test_load_a_bad_file_names_every_bad_line_and_loads_nothing(env, tmp_path, store):
+    path = tmp_path / "bad.txt"
+    path.write_text(BAD)
+    proc = run(env, "load", str(path))
+    assert proc.returncode == 2
+    errors = [line for line in proc.stderr.splitlines() if line.startswith(f"{path}:")]
+    assert [e.split(":")[1] for e in errors] == ["2", "4", "5"]
+    assert "unsupported scheme 'ftp'" in errors[0] and "missing port" in errors[1] and "out of range" in errors[2]
+    assert "nothing loaded: 3 bad line(s)" in proc.stderr and "--partial" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert store.pools() == [] and store.pool_size("default") == 0
+    partial = run(env, "--pool", "dc", "load", "--partial", str(path))
+    assert partial.returncode == 0
+    assert "2 proxies loaded (2 new, 0 already there), 3 bad line(s) skipped" in partial.stdout
+    assert store.pool_size("dc") == 2
+
+
+def test_load_csv_with_tags_from_stdin(env, store):
+    proc = run(env, "--pool", "res", "load", "-", stdin=CSV)
+    assert proc.returncode == 0, proc.stderr
+    tags = {r.proxy.masked: r.proxy.tags for r in store.list_proxies("res")}
+    assert tags == {"http://***:***@10.2.0.1:8080": {"type": "residential", "provider": "Acme", "country": "DE"},
+                    "http://10.2.0.2:8080": {"type": "mobile", "country": "US"}}
+    bad = run(env, "load", "-", stdin="url,kind\nhttp://10.0.0.1:1,x\n")
+    assert bad.returncode == 2 and "<stdin>:1: CSV header" in bad.stderr
+
+
+def test_add_validates_every_argument_and_remove_drains(env, store):
+    bad = invoke(env, "add", "http://x:Pw-Dave-11@10.3.0.1:1", "nohost", "10.3.0.2:99999")
+    assert bad.exit_code == 2
+    assert "argument 2:" in bad.stderr and "argument 3:" in bad.stderr and store.pool_size("default") == 0
+    ok = invoke(env, "add", "--type", "datacenter", "http://x:Pw-Dave-11@10.3.0.1:1", "10.3.0.2:2")
+    assert ok.exit_code == 0 and "2 added, 0 already there" in ok.stdout
+    held = store.lease("default", "a.example", ttl=30)
+    assert isinstance(held, Lease)
+    # By URL without its credentials: an operator need not type a password to drain a proxy.
+    target = "10.3.0.1:1" if "10.3.0.1" in held.masked_url else "10.3.0.2:2"
+    removed = invoke(env, "remove", target)
+    assert removed.exit_code == 0 and "1 proxies drained" in removed.stdout
+    assert store.release(held).status == "ok"  # the running lease finishes normally
+    for _ in range(3):
+        lease = store.lease("default", "a.example", ttl=30)
+        assert isinstance(lease, Lease) and lease.proxy_id != held.proxy_id
+        store.release(lease)
+    missing = invoke(env, "remove", "0123456789abcdef")
+    assert missing.exit_code == 1 and "not in pool 'default'" in missing.stderr
+
+
+# --- status and the other views ---------------------------------------------------------------------------
+
+@pytest.fixture
+def busy_pool(store, make_host):
+    """Two hosts with leases held, a cooling slot, a ban and a sticky session."""
+    store.add_proxies("default", ["http://alice:Pw-Alice-77@10.1.0.1:3128", "10.1.0.2:3128", "10.1.0.3:3128",
+                                  "10.1.0.4:3128"])
+    a, b = make_host("host-a"), make_host("host-b")
+    a.heartbeat("default", ttl=60, info={"spider": "shop"})
+    b.heartbeat("default", ttl=60, info={"spider": "shop"})
+    held = [a.lease("default", "shop.example", ttl=60), b.lease("default", "shop.example", ttl=60)]
+    banned = b.lease("default", "shop.example", ttl=60)
+    b.release(banned, outcome="ban", reason="http_403")
+    session = a.lease("default", "other.example", ttl=60, session_id="cart-42")
+    a.release(session, outcome="ok", latency=0.25)
+    a.heartbeat("default", ttl=60, info={"spider": "shop"})
+    b.heartbeat("default", ttl=60, info={"spider": "shop"})
+    return {"held": held, "banned": banned, "session": session}
+
+
+@pytest.fixture
+def make_host(real_redis):
+    return lambda host: PoolStore(real_redis, namespace=NS, host_id=host)
+
+
+def test_status_while_leases_are_held(env, busy_pool):
+    result = invoke(env, "status", "--json")
+    assert result.exit_code == 0, result.stderr
+    [pool] = json.loads(result.stdout)
+    shop = next(s for s in pool["sites"] if s["site"] == "shop.example")
+    assert (shop["slots"], shop["free"], shop["leased"], shop["banned"]) == (4, 1, 2, 1)
+    assert pool["banned"] == 1 and pool["live_hosts"] == 2
+    assert pool["requests"]["banned"] == 1 and pool["requests"]["ok"] == 1
+    held = {h["host"]: h["held"] for h in pool["hosts"]}
+    assert held == {"host-a": 2, "host-b": 1}  # host-a: a lease and the sticky session
+    assert pool["quarantines"]["running_by_scope_reason"] == [{"scope": "shop.example", "reason": "http_403",
+                                                               "count": 1}]
+    text = invoke(env, "status").stdout
+    assert "pool 'default': 4 proxies (4 active, 0 dead), 1 banned on some site, 2 live hosts" in text
+    assert "shop.example" in text and "host-a" in text and "host-b" in text
+
+
+def test_status_per_proxy_shows_state_ban_reason_and_strikes(env, busy_pool):
+    result = invoke(env, "status", "--proxies", "--json")
+    rows = json.loads(result.stdout)[0]["proxies_by_site"]
+    banned = next(r for r in rows if r["id"] == busy_pool["banned"].proxy_id and r["site"] == "shop.example")
+    assert banned["state"] == "banned" and banned["ban_reason"] == "http_403" and banned["strikes"] == 1
+    assert 1000 < banned["free_in"] <= 1800
+    leased = {r["id"]: r for r in rows if r["state"] == "leased"}
+    assert {lease.proxy_id for lease in busy_pool["held"]} == set(leased)
+    text = invoke(env, "status", "--proxies").stdout
+    assert "http_403" in text and "http://***:***@10.1.0.1:3128" in text
+
+
+def test_sessions_hosts_and_pools(env, busy_pool):
+    sessions = json.loads(invoke(env, "sessions", "--json").stdout)
+    assert [(s["site"], s["session"], s["uses"], s["host"]) for s in sessions] == \
+        [("other.example", "cart-42", 1, "host-a")]
+    assert 500 < sessions[0]["ttl_left"] <= 600
+    assert "cart-42" in invoke(env, "sessions").stdout
+    hosts = json.loads(invoke(env, "hosts", "--json").stdout)
+    assert {h["host"]: h["requests"] for h in hosts} == {"host-a": 2, "host-b": 2}
+    assert all(h["info"]["spider"] == "shop" and h["heartbeat_age"] < 30 for h in hosts)
+    assert sum(h["share"] for h in hosts) == pytest.approx(1.0)
+    assert "host-a" in invoke(env, "hosts").stdout
+    [pool] = json.loads(invoke(env, "pools", "--json").stdout)
+    assert pool == {"pool": "default", "proxies": 4, "active": 4, "dead": 0, "banned": 1, "sites": 2,
+                    "live_hosts": 2, "held": 3, "success_ratio": 0.5}
+
+
+def test_ban_and_unban_per_site_and_proxy_wide(env, store):
+    store.add_proxies("default", ["http://alice:Pw-Alice-77@10.1.0.1:3128", "10.1.0.2:3128"])
+    target = next(r for r in store.list_proxies("default") if "10.1.0.1" in r.proxy.masked)
+    banned = invoke(env, "ban", target.id, "--site", "www.shop.example", "--ttl", "120", "--reason", "looks odd")
+    assert banned.exit_code == 0, banned.stderr
+    assert f"proxy {target.id} (http://***:***@10.1.0.1:3128) quarantined on shop.example for 2m00s" in banned.stdout
+    for _ in range(3):  # every lease on that site goes to the other proxy
+        lease = store.lease("default", "shop.example", ttl=5)
+        assert isinstance(lease, Lease) and lease.proxy_id != target.id
+        store.release(lease)
+    assert [b.reason for b in store.bans("default")] == ["looks_odd"]
+    lifted = invoke(env, "unban", target.id, "--site", "shop.example")
+    assert "quarantine lifted (shop.example)" in lifted.stdout
+    wide = invoke(env, "ban", "10.1.0.2:3128")  # by address, proxy-wide, default TTL
+    assert wide.exit_code == 0 and "quarantined proxy-wide for 5m00s" in wide.stdout
+    other = store.lease("default", "any.example", ttl=5)
+    assert isinstance(other, Lease) and other.proxy_id == target.id
+    assert isinstance(store.lease("default", "any.example", ttl=5), LeaseWait)
+    store.release(other)
+    assert "no quarantine on shop.example" in invoke(env, "unban", target.id, "--site", "shop.example").stdout
+    assert "quarantine lifted (proxy-wide)" in invoke(env, "unban", "--all", "10.1.0.2:3128").stdout
+    unknown = invoke(env, "ban", "http://zed:Pw-Dave-11@10.9.9.9:1")
+    assert unknown.exit_code == 1 and "http://***:***@10.9.9.9:1" in unknown.stderr
+
+
+def test_watch_refreshes_status(env, busy_pool):
+    proc = run(env, "watch", "--interval", "0.1", "--iterations", "2")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("pool 'default': 4 proxies") == 2
+
+
+# --- errors and exit codes ----------------------------------------------------------------------------------
+
+def test_redis_down_is_one_line_exit_1_without_credentials():
+    env = {**os.environ, "PROXY_SHARD_REDIS_URL": f"redis://:Pw-Carol-99@127.0.0.1:{free_port()}/0",
+           "PROXY_SHARD_NAMESPACE": NS}
+    outputs = [(proc.returncode, proc.stdout, proc.stderr) for proc in (run(env, "status"),
+                                                                        run(env, "load", "-", stdin=GOOD))]
+    outputs += [(r.exit_code, r.stdout, r.stderr) for r in (invoke(env, "hosts"), invoke(env, "ban", "10.0.0.1:1"),
+                                                            invoke(env, "metrics", "--port", "0"))]
+    for code, out, err in outputs:
+        assert code == 1, err
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("Error: cannot reach Redis at redis://***:***@127.0.0.1:")
+        assert out == ""
+
+
+def test_usage_and_validation_errors_exit_2(env):
+    assert run(env, "frobnicate").returncode == 2
+    bad_pool = invoke(env, "--pool", "bad pool!", "status")
+    assert bad_pool.exit_code == 2 and "invalid pool name" in bad_pool.stderr
+    bad_url = invoke(env, "--redis-url", "http://u:Pw-Bob-88@h:1", "status")
+    assert bad_url.exit_code == 2 and "'http://***:***@h:1' must start with redis://" in bad_url.stderr
+    assert invoke(env, "load", "/nonexistent/proxies.txt").exit_code == 2
+    assert invoke(env, "unban", "--all", "--site", "a.example", "x").exit_code == 2
+    assert invoke(env, "ban", "not-a-url:").exit_code == 2
+
+
+def test_views_of_an_unknown_pool_or_empty_namespace_exit_1(env, store):
+    empty = invoke(env, "status")
+    assert empty.exit_code == 1 and "namespace 'clitest' has no pools yet" in empty.stderr
+    store.add_proxies("default", ["10.1.0.2:3128"])
+    unknown = invoke(env, "--pool", "nope", "status")
+    assert unknown.exit_code == 1 and "pool 'nope' does not exist" in unknown.stderr and "default" in unknown.stderr
+
+
+def test_metrics_command_serves_until_sigterm(env, store):
+    store.add_proxies("default", ["10.1.0.2:3128"])
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "scrapy_proxy_shard", "metrics", "--port", str(port)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        body = _scrape_when_up(port)
+        assert 'proxy_shard_proxies{pool="default"} 1.0' in body and "proxy_shard_up 1.0" in body
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=10)
+    assert proc.returncode == 0, err
+    assert f"serving http://127.0.0.1:{port}/metrics" in err
+
+
+def _scrape_when_up(port: int, timeout: float = 15.0) -> str:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+                return response.read().decode()
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)

@@ -1,0 +1,163 @@
+"""Embedded, static and hybrid-fallback modes, against real redis-server processes we stop and restart."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import redis
+from scrapy import Request, Spider
+from scrapy.utils.misc import build_from_crawler
+from scrapy.utils.test import get_crawler
+
+from scrapy_proxy_shard.engines import initial_proxies
+from scrapy_proxy_shard.exceptions import SettingError
+from scrapy_proxy_shard.fallback import FallbackPoolStore
+from scrapy_proxy_shard.middlewares import ProxyShardMiddleware
+from scrapy_proxy_shard.redis_server import RedisServer
+from scrapy_proxy_shard.settings import ShardSettings
+from scrapy_proxy_shard.store import AsyncPoolStore, Lease, PoolStore
+
+PROXIES = [f"http://10.7.0.{i}:3128" for i in range(1, 13)]
+HOSTS = ("host-a", "host-b", "host-c")
+
+
+def test_embedded_mode_needs_no_redis():
+    crawler = get_crawler(Spider, {"PROXY_SHARD_PROXIES": PROXIES[:2], "PROXY_SHARD_MIN_INTERVAL": 0})
+    spider = Spider.from_crawler(crawler, name="solo")
+    crawler.spider = spider
+    mw = build_from_crawler(ProxyShardMiddleware, crawler)
+    assert mw.runtime.settings.mode == "embedded"
+
+    async def scenario():
+        await mw.runtime.spider_opened(spider)
+        first, second = Request("http://a.example/1"), Request("http://a.example/2")
+        await mw.process_request(first)
+        await mw.process_request(second)
+        assert first.meta["proxy"] != second.meta["proxy"]
+        await mw.runtime.spider_closed(spider, "finished")
+
+    asyncio.run(scenario())
+    assert crawler.stats.get_value("proxy_shard/leases") == 2
+
+
+def _static(host: str, **extra) -> ShardSettings:
+    values = {"PROXY_SHARD_MODE": "static", "PROXY_SHARD_HOSTS": list(HOSTS), "PROXY_SHARD_HOST_ID": host,
+              "PROXY_SHARD_PROXIES": PROXIES, **extra}
+    return ShardSettings.from_settings(values)
+
+
+@pytest.mark.parametrize("sharding", ["consistent", "modulo"])
+def test_static_mode_gives_each_host_a_disjoint_slice(sharding):
+    slices = [{p.url for p in initial_proxies(_static(h, PROXY_SHARD_SHARDING=sharding))["default"]}
+              for h in HOSTS]
+    assert sum(map(len, slices)) == len(PROXIES)
+    assert set().union(*slices) == set(PROXIES)
+
+
+def test_static_mode_settings_are_checked():
+    with pytest.raises(SettingError, match="must be one of PROXY_SHARD_HOSTS"):
+        _static("host-z")
+    with pytest.raises(SettingError, match="PROXY_SHARD_SHARDING"):
+        _static("host-a", PROXY_SHARD_SHARDING="random")
+
+
+def test_platform_partition_keeps_each_ip_on_one_platform():
+    settings = ShardSettings.from_settings({
+        "PROXY_SHARD_PROXIES": PROXIES,
+        "PROXY_SHARD_PLATFORMS": {"ozon": ["ozon.ru", "ozon.kz"], "wb": ["wildberries.ru"]},
+    })
+    pools = initial_proxies(settings)
+    ozon = {p.url for p in pools["default.ozon"]}
+    wb = {p.url for p in pools["default.wb"]}
+    assert ozon and wb and not ozon & wb and ozon | wb == set(PROXIES)
+
+
+def _fallback_store(url: str, host: str, grace: float = 0.3) -> FallbackPoolStore:
+    settings = ShardSettings.from_settings({
+        "PROXY_SHARD_REDIS_URL": url, "PROXY_SHARD_HOST_ID": host, "PROXY_SHARD_HOSTS": list(HOSTS),
+        "PROXY_SHARD_FALLBACK_GRACE": grace, "PROXY_SHARD_FALLBACK_WARMUP": 0,
+        "PROXY_SHARD_REDIS_PARAMS": {"socket_connect_timeout": 1},
+    })
+    client = redis.asyncio.Redis.from_url(url, decode_responses=True, socket_connect_timeout=1)
+    primary = AsyncPoolStore(client, host_id=host, url_for_errors=url)
+    return FallbackPoolStore(primary, settings)
+
+
+def test_outage_switches_to_disjoint_local_slices_and_back():
+    server = RedisServer().start()
+    try:
+        PoolStore(redis.Redis.from_url(server.url, decode_responses=True)).add_proxies("default", PROXIES)
+
+        async def scenario():
+            stores = [_fallback_store(server.url, h) for h in HOSTS]
+            for store in stores:  # take the snapshot while Redis answers
+                lease = await store.lease("default", "a.example", ttl=30)
+                await store.release(lease)
+            before = [await s.lease("default", "a.example", ttl=30) for s in stores]  # held across the outage
+            server.kill()
+            seen: dict[str, set[str]] = {}
+            for store in stores:
+                ids = set()
+                while isinstance(lease := await store.lease("default", "a.example", ttl=30), Lease):
+                    ids.add(lease.proxy_id)
+                seen[store.host_id] = ids
+                assert store.state == "fallback"
+            # Every host uses only its own slice: no proxy on two hosts while Redis is down.
+            all_ids = [i for ids in seen.values() for i in ids]
+            assert len(all_ids) == len(set(all_ids)) and len(all_ids) >= len(PROXIES) - 3
+            banned = next(iter(seen["host-a"]))
+            local = stores[0]._local_leases
+            victim = next(lease for lease in local.values() if lease.proxy_id == banned)
+            await stores[0].release(victim, outcome="ban", reason="http_403")
+            server.start()  # same port, empty: a restart without persistence
+            deadline = time.monotonic() + 15
+            while any(s.state == "fallback" for s in stores) and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            assert all(s.state == "grace" for s in stores)
+            admin = PoolStore(redis.Redis.from_url(server.url, decode_responses=True))
+            assert admin.pool_size("default") == len(PROXIES)  # restored from the snapshot
+            assert banned in {b.proxy_id for b in admin.bans("default")}  # the learned ban was written
+            state = admin.site_state("default", "a.example")
+            assert state.held >= len(all_ids) - 1  # local leases in flight were adopted into Redis
+            for store in stores:
+                for lease in list(store._local_leases.values()):
+                    await store.release(lease)
+            assert admin.site_state("default", "a.example").held == 0
+            await asyncio.sleep(0.35)  # grace over
+            lease = await stores[1].lease("default", "a.example", ttl=30)
+            assert stores[1].state == "redis" and isinstance(lease, Lease)
+            for lease in before:  # leases from before the outage died with Redis' memory
+                assert (await stores[0].release(lease)).status in ("expired", "stale", "ok")
+            for store in stores:
+                await store.aclose()
+
+        asyncio.run(scenario())
+    finally:
+        server.stop()
+
+
+def test_redis_down_at_start_can_start_in_fallback():
+    port_owner = RedisServer()  # never started: nothing listens on its port
+    settings = {
+        "PROXY_SHARD_REDIS_URL": port_owner.url, "PROXY_SHARD_HOST_ID": "host-b", "PROXY_SHARD_HOSTS": list(HOSTS),
+        "PROXY_SHARD_PROXIES": PROXIES, "PROXY_SHARD_REDIS_DOWN_AT_START": "fallback", "PROXY_SHARD_FALLBACK_WARMUP": 0,
+        "PROXY_SHARD_REDIS_PARAMS": {"socket_connect_timeout": 1}, "PROXY_SHARD_MIN_INTERVAL": 0,
+    }
+    crawler = get_crawler(Spider, settings)
+    spider = Spider.from_crawler(crawler, name="offline")
+    crawler.spider = spider
+    mw = build_from_crawler(ProxyShardMiddleware, crawler)
+
+    async def scenario():
+        await mw.runtime.spider_opened(spider)
+        assert mw.runtime.open_error is None
+        request = Request("http://a.example/1")
+        await mw.process_request(request)
+        expected = {p.url for p in initial_proxies(_static("host-b"))["default"]}
+        assert request.meta["proxy"] in expected
+        await mw.runtime.spider_closed(spider, "finished")
+
+    asyncio.run(scenario())
+    assert crawler.stats.get_value("proxy_shard/fallback/entered") == 1

@@ -1,0 +1,46 @@
+"""Beyond one Redis: a Sentinel failover under a running store (real processes on loopback)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from scrapy_proxy_shard.connection import sync_client
+from scrapy_proxy_shard.exceptions import PoolBackendError
+from scrapy_proxy_shard.redis_server import RedisSentinelSet
+from scrapy_proxy_shard.settings import ShardSettings
+from scrapy_proxy_shard.store import Lease, PoolStore
+
+pytestmark = pytest.mark.slow
+
+
+def test_sentinel_failover_keeps_the_pool_leasable():
+    with RedisSentinelSet(3) as cluster:
+        settings = ShardSettings.from_settings({
+            "PROXY_SHARD_REDIS_SENTINELS": [f"{h}:{p}" for h, p in cluster.sentinels],
+            "PROXY_SHARD_REDIS_SENTINEL_MASTER": cluster.MASTER_NAME,
+            "PROXY_SHARD_REDIS_PARAMS": {"socket_timeout": 2, "socket_connect_timeout": 1},
+        })
+        assert settings.mode == "redis"
+        client = sync_client(settings)
+        store = PoolStore(client, namespace="t")
+        store.add_proxies("default", [f"http://10.3.0.{i}:3128" for i in range(1, 5)])
+        lease = store.lease("default", "a.example", ttl=30)
+        assert isinstance(lease, Lease)
+        client.execute_command("WAIT", 1, 2000)  # the replica has the pool before the master dies
+        cluster.master.kill()
+        new_port = cluster.wait_for_failover(timeout=30)
+        assert new_port == cluster.replica.port
+        deadline = time.monotonic() + 20
+        while True:  # the client asks the sentinels for the new master and reconnects
+            try:
+                again = store.lease("default", "a.example", ttl=30)
+                break
+            except PoolBackendError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        assert isinstance(again, Lease) and again.proxy_id != lease.proxy_id  # the old lease survived
+        assert store.pool_size("default") == 4
+        client.close()
