@@ -135,26 +135,18 @@ class BanDetectionMiddleware:
             return None  # budget spent: the original exception reaches the errback
 
     def _response_verdict(self, request: Request, response: Response, spider: Any) -> Verdict:
-        override = getattr(spider, "response_is_ban", None)
-        if callable(override):
-            said = override(request, response)
-            if said is True:
-                return Verdict("ban", "spider")
-            if said is False:
-                return FINE
+        said = _spider_says(spider, "response_is_ban", request, response)
+        if said is not None:
+            return Verdict("ban", "spider") if said else FINE
         required = request.meta.get("proxy_shard_required_css", getattr(spider, "proxy_shard_required_css", None))
         if isinstance(required, str):
             required = [required]
         return self.policy.response_verdict(request, response, required_css=required)
 
     def _exception_verdict(self, request: Request, exception: Exception, spider: Any) -> Verdict:
-        override = getattr(spider, "exception_is_ban", None)
-        if callable(override):
-            said = override(request, exception)
-            if said is True:
-                return Verdict("ban", "spider_exception")
-            if said is False:
-                return Verdict("unknown")
+        said = _spider_says(spider, "exception_is_ban", request, exception)
+        if said is not None:
+            return Verdict("ban", "spider_exception") if said else Verdict("unknown")
         return self.policy.exception_verdict(request, exception)
 
     def _retry(self, request: Request, verdict: Verdict) -> Request:
@@ -178,3 +170,13 @@ class BanDetectionMiddleware:
         logger.debug("proxy_shard: retrying %(url)s through another proxy (%(reason)s, retry %(n)d/%(limit)d)",
                      {"url": request.url, "reason": verdict.reason, "n": done + 1, "limit": limit})
         return retry
+
+
+def _spider_says(spider: Any, method: str, request: Request, subject: Any) -> bool | None:
+    """The spider's own verdict (``response_is_ban`` / ``exception_is_ban``): True, False, or None to
+    leave it to the policy."""
+    override = getattr(spider, method, None)
+    if not callable(override):
+        return None
+    said = override(request, subject)
+    return said if isinstance(said, bool) else None

@@ -46,6 +46,18 @@ def find_redis_server() -> str:
     return str(binary)
 
 
+def terminate(proc: subprocess.Popen | None, timeout: float = 5.0) -> None:
+    """Stop a child process by PID: SIGTERM, then SIGKILL if it has not exited within ``timeout``."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=timeout)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
@@ -104,13 +116,7 @@ class RedisServer:
     def stop(self) -> None:
         """Stop the server by PID (SIGTERM, then SIGKILL) and remove its directory."""
         proc, self.process = self.process, None
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=5)
+        terminate(proc)
         if proc is not None and proc.stderr:
             proc.stderr.close()
         if self._dir is not None:
@@ -264,13 +270,7 @@ class RedisSentinelSet:
 
     def stop(self) -> None:
         for proc in self._procs:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout=5)
+            terminate(proc)
         self._procs = []
         self.replica.stop()
         self.master.stop()

@@ -27,7 +27,7 @@ from pathlib import Path
 import redis
 
 from ..proxies import mask
-from ..redis_server import RedisServer
+from ..redis_server import RedisServer, terminate
 from ..store import PoolStore
 from .sitelog import Summary, read_log, summarize
 
@@ -370,13 +370,7 @@ def _wait_file(path: Path, proc: subprocess.Popen, timeout: float = 30.0) -> str
 
 
 def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+    terminate(proc, timeout=10)
     handle = getattr(proc, "_demo_output", None)
     if handle is not None:
         handle.close()
