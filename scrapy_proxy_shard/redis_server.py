@@ -58,6 +58,21 @@ def terminate(proc: subprocess.Popen | None, timeout: float = 5.0) -> None:
         proc.wait(timeout=timeout)
 
 
+def free_cluster_port(host: str = "127.0.0.1") -> int:
+    """A free port whose cluster bus port (port + 10000) is free too and still a valid port."""
+    for _ in range(200):
+        port = free_port(host)
+        if port + 10000 > 65535:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port + 10000))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free port pair for a Redis Cluster node")
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
@@ -144,7 +159,8 @@ class RedisClusterServers:
     joined by ``redis-cli --cluster create`` (no replicas). For tests and benchmarks."""
 
     def __init__(self, masters: int = 3) -> None:
-        self.nodes = [RedisServer(extra_args=("--cluster-enabled", "yes", "--cluster-node-timeout", "2000"))
+        self.nodes = [RedisServer(free_cluster_port(),
+                                  extra_args=("--cluster-enabled", "yes", "--cluster-node-timeout", "2000"))
                       for _ in range(masters)]
 
     @property

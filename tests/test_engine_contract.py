@@ -315,6 +315,7 @@ def test_list_proxies_masks_in_repr_only(pool):
 def test_a_release_wakes_a_waiter_blocked_on_the_site(store):
     store.add_proxies(POOL, URLS[:1])
     lease = lease_ok(store)
+    assert isinstance(store.lease(POOL, "a.example", ttl=5), LeaseWait)  # a waiter: releases now announce
     assert store.wait_for_release(POOL, "a.example", 0.05) is False  # nothing released yet
     store.release(lease)
     assert store.wait_for_release(POOL, "a.example", 1.0) is True
@@ -342,3 +343,23 @@ def test_hold_adopts_a_named_free_slot_only(store):
     assert isinstance(store.lease(POOL, "a.example", ttl=5), LeaseWait)  # nobody else gets it
     assert store.release(held).status == "ok"
     assert store.hold(POOL, "a.example", "0000000000000000/0", ttl=5) is None
+
+
+def test_a_large_pool_is_built_per_site_in_pages_yet_every_proxy_is_leasable(store, backend):
+    """The first lease on a site must not scan the whole pool in one call (that blocks Redis for
+    seconds at a million proxies); the build advances a page per call and misses nobody."""
+    urls = [f"http://10.{i // 250}.{i % 250}.9:8080" for i in range(2300)]
+    store.add_proxies(POOL, urls)
+    first = lease_ok(store, "big.example")
+    assert int(backend.zcard("{t:main}:ready:big.example")) < 2300  # built in pages, not at once
+    seen = {first.proxy_id}
+    while isinstance(result := store.lease(POOL, "big.example", ttl=30), Lease):
+        seen.add(result.proxy_id)
+    assert len(seen) == 2300 and result.reason == "held"
+    assert store.site_state(POOL, "big.example").slots == 2300
+
+
+def test_releases_write_no_wake_up_when_nobody_waits(store, backend):
+    store.add_proxies(POOL, URLS[:1])
+    store.release(lease_ok(store))
+    assert not backend.exists("{t:main}:freed:a.example")

@@ -19,6 +19,9 @@
 --                               ban and ban:<reason> = quarantines started; site "*" = proxy-wide)
 --   P:counters           HASH   pool-wide counters (stale, expired, rebinds, q_started = quarantines
 --                               started, q_ms = their total length in ms, less what unban cut short)
+--   P:sitebuild          HASH   site -> HSCAN cursor of a ready ZSET still being built (see below)
+--   P:waiting:<site>     STRING set (PX 6 s) whenever a lease on the site answers WAIT: releases
+--                               announce on the freed list only while someone may be waiting
 --   P:freed:<site>       LIST   one entry per slot given back on the site; waiters BLPOP it so a
 --                               release wakes exactly one waiter on any host (at most 8 entries,
 --                               gone after 60 s idle, so stale wake-ups stay few)
@@ -48,8 +51,12 @@ local function ready_key(site) return P .. ':ready:' .. site end
 local function lease_key(site, member) return P .. ':lease:' .. site .. ':' .. member end
 local function freed_key(site) return P .. ':freed:' .. site end
 
--- Wake one waiter (on any host) blocked on the site's freed list.
+local function waiting_key(site) return P .. ':waiting:' .. site end
+
+-- Wake one waiter (on any host) blocked on the site's freed list; a no-op (no writes) unless a
+-- lease on the site answered WAIT in the last few seconds.
 local function announce_freed(site)
+  if redis.call('EXISTS', waiting_key(site)) == 0 then return end
   local key = freed_key(site)
   redis.call('LPUSH', key, '1')
   redis.call('LTRIM', key, 0, 7)
@@ -78,15 +85,19 @@ local function blocked_until(site, id)
   return a
 end
 
--- Build the site's ready ZSET from the pool on first use; return its slot count per proxy.
--- O(N) once per (pool, site); every later call is O(1).
-local function ensure_site(site, concurrency, now)
-  local c = redis.call('HGET', K_SITES, site)
-  if c then return tonumber(c) end
-  local ready = ready_key(site)
-  local ids = redis.call('HKEYS', K_PROXIES)
+-- A site's ready ZSET is built from the pool lazily, BUILD_CHUNK proxies (one HSCAN page) per call,
+-- so no single call blocks Redis for O(N) however large the pool: P:sites gets the site at once (so
+-- add/remove/ban see it), P:sitebuild holds the HSCAN cursor until the build is complete.
+local BUILD_CHUNK = 1000
+local K_SITEBUILD = P .. ':sitebuild'
+
+-- Add one HSCAN page of the pool to the site; returns true when the build is complete.
+local function build_chunk(site, concurrency, cursor, now)
+  local res = redis.call('HSCAN', K_PROXIES, cursor, 'COUNT', BUILD_CHUNK)
+  local kv = res[2]
   local batch = {}
-  for _, id in ipairs(ids) do
+  for i = 1, #kv, 2 do
+    local id = kv[i]
     local score = blocked_until(site, id)
     if score < now then score = now end
     for k = 0, concurrency - 1 do
@@ -94,13 +105,40 @@ local function ensure_site(site, concurrency, now)
       batch[#batch + 1] = id .. '/' .. k
     end
     if #batch >= 2000 then
-      redis.call('ZADD', ready, unpack(batch))
+      redis.call('ZADD', ready_key(site), 'NX', unpack(batch))
       batch = {}
     end
   end
-  if #batch > 0 then redis.call('ZADD', ready, unpack(batch)) end
-  redis.call('HSET', K_SITES, site, concurrency)
-  return concurrency
+  if #batch > 0 then redis.call('ZADD', ready_key(site), 'NX', unpack(batch)) end
+  if res[1] == '0' then
+    redis.call('HDEL', K_SITEBUILD, site)
+    return true
+  end
+  redis.call('HSET', K_SITEBUILD, site, res[1])
+  return false
+end
+
+-- Make sure the site exists and advance its build by one page if it is still building.
+-- Returns the site's slot count per proxy and whether its build is complete.
+local function ensure_site(site, concurrency, now)
+  local c = redis.call('HGET', K_SITES, site)
+  local cursor = '0'
+  if c then
+    c = tonumber(c)
+    cursor = redis.call('HGET', K_SITEBUILD, site)
+    if not cursor then return c, true end
+  else
+    c = concurrency
+    redis.call('HSET', K_SITES, site, c)
+  end
+  return c, build_chunk(site, c, cursor, now)
+end
+
+-- Advance a site's build by one page (used when nothing built so far is free).
+local function continue_build(site, now)
+  local cursor = redis.call('HGET', K_SITEBUILD, site)
+  if not cursor then return true end
+  return build_chunk(site, tonumber(redis.call('HGET', K_SITES, site)), cursor, now)
 end
 
 -- Push every slot of a proxy on one site to at least `until_ms` (XX: never re-adds a removed proxy;

@@ -17,8 +17,8 @@
 --        it sooner (callers block on P:freed:<site> for at most wait_ms);
 --        "session": the session's own proxy is in use or inside its pacing interval
 --   {"EMPTY"}  the pool holds no proxies
--- Cost: O(log N) in the number of proxies (one ZRANGEBYSCORE LIMIT 1 + one ZADD), except the first
--- lease on a new site, which builds the site's ZSET in O(N).
+-- Cost: O(log N) in the number of proxies (one ZRANGEBYSCORE LIMIT 1 + one ZADD). A new site's ZSET
+-- is built 1000 proxies per call (an HSCAN page), so no call blocks Redis for O(N).
 
 local site = ARGV[1]
 local concurrency = tonumber(ARGV[2])
@@ -75,13 +75,23 @@ if sid ~= '' then
   end
 end
 
-ensure_site(site, concurrency, now)
+local _, built = ensure_site(site, concurrency, now)
 local found = redis.call('ZRANGEBYSCORE', ready, '-inf', now, 'LIMIT', 0, 1)
+local pages = 0
+while #found == 0 and not built and pages < 16 do  -- still building: the free ones may be unbuilt
+  built = continue_build(site, now)
+  found = redis.call('ZRANGEBYSCORE', ready, '-inf', now, 'LIMIT', 0, 1)
+  pages = pages + 1
+end
 if #found == 0 then
   local first = redis.call('ZRANGE', ready, 0, 0, 'WITHSCORES')
-  if #first == 0 then return {'EMPTY'} end
+  if #first == 0 then
+    if built then return {'EMPTY'} end
+    return {'WAIT', 1, 'pool'}  -- a very large pool still being built: go on next call
+  end
   local wait = tonumber(first[2]) - now
   if wait < 1 then wait = 1 end
+  redis.call('SET', waiting_key(site), '1', 'PX', 6000)
   if redis.call('EXISTS', lease_key(site, first[1])) == 1 then return {'WAIT', wait, 'held'} end
   return {'WAIT', wait, 'pool'}
 end

@@ -11,6 +11,7 @@ for _, id in ipairs(ARGV) do
   if redis.call('HDEL', K_PROXIES, id) == 1 then
     removed = removed + 1
     redis.call('HDEL', K_TAGS, id)
+    redis.call('HDEL', K_PSTATS, id .. ':l', id .. ':ok', id .. ':err', id .. ':ban', id .. ':lat')
     for j = 1, #sites, 2 do
       local ready = ready_key(sites[j])
       for k = 0, tonumber(sites[j + 1]) - 1 do

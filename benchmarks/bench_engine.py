@@ -1,0 +1,586 @@
+"""Engine benchmark: lease+release throughput against its ceiling, bytes per call, memory per proxy.
+
+    python benchmarks/bench_engine.py [--quick] [--seconds S] [--processes N] [--repeat R]
+
+One run starts its own throwaway redis-server (``RedisServer``), builds pools of 500, 10,000 and
+100,000 proxies, and prints one report:
+
+* throughput: lease one slot + release it (outcome ok, min_interval 0) with the blocking
+  ``PoolStore`` over ``redis.Redis(decode_responses=True)``, for 1 process and for N OS processes
+  (each with its own client), the N processes either on N distinct sites or all on one shared site;
+* the ceiling, measured with the same client shape and process count: a registered ``return 1``
+  script, one call per round trip, and two calls per cycle (a cycle is two round trips);
+* bytes Redis sends and receives per lease and per release (``INFO stats`` net byte counters) and
+  the server CPU per call (``INFO commandstats``), at every pool size;
+* redis-server ``used_memory`` per proxy (``INFO memory`` deltas, cross-checked by MEMORY USAGE).
+
+Within one process configuration, the ceiling and every pool size are timed in short interleaved
+slices (each figure gets ``--seconds`` in all), so a machine whose speed drifts (other work, CPU
+steal) slows them alike and their ratios stay meaningful; ``--repeat`` runs that schedule again and
+averages. The proxy URLs are ``http://10.<a>.<b>.<c>:8080`` strings that are never contacted; every
+octet has three digits so every URL, and hence every reply, has the same length at every pool size.
+The first lease on a site starts building the site's ZSET, one page of 1,000 proxies per call (so
+no call blocks Redis for O(N)); the build is completed before timing and the first lease's cost is
+reported separately.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import platform
+import queue
+import statistics
+import subprocess
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from scrapy_proxy_shard import keys
+from scrapy_proxy_shard.redis_server import RedisServer
+from scrapy_proxy_shard.store import Lease, PoolStore
+
+SIZES = (500, 10_000, 100_000)
+NAMESPACE = "bench"
+LEASE_TTL = 30.0  # seconds; far longer than a cycle, so no lease ever expires while held
+LATENCY = 0.05  # seconds reported with every ok release, as the middleware does (feeds the EWMA)
+SCALE_TARGET = 0.8  # cycles/s at the largest pool / cycles/s at the smallest
+CEILING_TARGET = 0.7  # (2 x cycles/s) / trivial calls/s
+BYTES_TOLERANCE = 1.0  # bytes per call the largest and smallest pool may differ by
+MEMORY_TARGET = 1.25  # per-proxy memory at the largest pool / at the second smallest: linear growth
+BYTES_BATCH = 400  # leases held at once while counting bytes (then released)
+TRIVIAL_SCRIPT = "return 1"
+
+
+# --- worker processes -----------------------------------------------------------------------------
+
+def _make_op(kind: str, client: redis.Redis, pool: str, site: str):
+    """The unit of work one process repeats: a lease+release cycle, or 1 or 2 trivial calls."""
+    if kind == "cycle":
+        store = PoolStore(client, namespace=NAMESPACE, host_id=f"bench-{os.getpid()}")
+
+        def cycle() -> None:
+            lease = store.lease(pool, site, ttl=LEASE_TTL)
+            if not isinstance(lease, Lease):
+                raise RuntimeError(f"lease on {pool}/{site} found no free slot: {lease}")
+            result = store.release(lease, outcome="ok", latency=LATENCY, min_interval=0.0)
+            if result.status != "ok":
+                raise RuntimeError(f"release on {pool}/{site} answered {result.status!r}")
+
+        return cycle
+    script = client.register_script(TRIVIAL_SCRIPT)
+    trivial_keys = [keys.pool_prefix(NAMESPACE, pool)]
+    if kind == "trivial1":
+        return lambda: script(keys=trivial_keys)
+    if kind == "trivial2":
+        def two() -> None:
+            script(keys=trivial_keys)
+            script(keys=trivial_keys)
+
+        return two
+    raise ValueError(kind)
+
+
+def _worker(jobs: list[tuple[str, str, str]], url: str, warmup: float, seconds: float, slice_s: float,
+            barrier: Any, results: Any) -> None:
+    """Time every job of ``jobs`` in this process, interleaved in slices of ``slice_s`` seconds.
+
+    Interleaving makes every figure (the ceiling and each pool size) see the same conditions, so
+    their ratios hold even when the machine's speed drifts during the run.
+    """
+    client = redis.Redis.from_url(url, decode_responses=True)
+    try:
+        ops = [_make_op(kind, client, pool, site) for kind, pool, site in jobs]
+        for op in ops:
+            deadline = time.perf_counter() + warmup
+            while time.perf_counter() < deadline:
+                op()
+        barrier.wait(timeout=120)  # every process starts its timed windows together
+        counts = [0] * len(ops)
+        spent = [0.0] * len(ops)
+        t0 = now = time.perf_counter()
+        slot = 0
+        for sweep in range(max(1, round(seconds / slice_s))):
+            for i in (*range(sweep % len(ops), len(ops)), *range(sweep % len(ops))):
+                slot += 1
+                end = t0 + slot * slice_s  # a shared schedule: processes switch jobs together
+                op, count, start = ops[i], 0, now
+                while now < end:
+                    op()
+                    count += 1
+                    now = time.perf_counter()
+                counts[i] += count
+                spent[i] += now - start
+        results.put((counts, spent, None))
+    except Exception as exc:  # reported by the parent, which fails the run
+        barrier.abort()
+        results.put(([], [], f"{type(exc).__name__}: {exc}"))
+    finally:
+        client.close()
+
+
+@dataclass
+class Rate:
+    total: float  # operations/s, summed over the processes
+    per_process: list[float]
+
+
+def measure(ctx: Any, url: str, jobs: list[list[tuple[str, str, str]]], warmup: float, seconds: float,
+            slice_s: float) -> list[Rate]:
+    """One process per entry of ``jobs`` (its list of (kind, pool, site)); one Rate per job index."""
+    barrier = ctx.Barrier(len(jobs))
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_worker, args=(own, url, warmup, seconds, slice_s, barrier, results),
+                         daemon=True)
+             for own in jobs]
+    for proc in procs:
+        proc.start()
+    try:
+        out = [results.get(timeout=len(jobs[0]) * (warmup + seconds) + 180) for _ in procs]
+    except queue.Empty:
+        raise RuntimeError("a worker process gave no result") from None
+    finally:
+        for proc in procs:
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.terminate()
+    errors = [err for _, _, err in out if err]
+    if errors:
+        raise RuntimeError(f"worker failed: {errors[0]}")
+    rates = []
+    for i in range(len(jobs[0])):
+        own = sorted(counts[i] / spent[i] for counts, spent, _ in out)
+        rates.append(Rate(sum(own), own))
+    return rates
+
+
+# --- pools, one-off costs and memory --------------------------------------------------------------
+
+def proxy_urls(size: int) -> list[str]:
+    """Distinct fixed-width proxy URLs (never contacted): http://10.1ab.1cd.1ef:8080."""
+    if size > 1_000_000:
+        raise ValueError("at most 1,000,000 proxies")
+    return [f"http://10.{100 + i // 10_000}.{100 + i // 100 % 100}.{100 + i % 100}:8080"
+            for i in range(size)]
+
+
+def pool_name(size: int) -> str:
+    return f"p{size:07d}"  # fixed width: request sizes do not depend on the pool either
+
+
+@dataclass
+class PoolSetup:
+    size: int
+    pool: str
+    prefix: str
+    add_seconds: float = 0.0
+    pool_bytes_info: float = 0.0  # used_memory delta per proxy for the pool itself
+    pool_bytes_usage: float = 0.0  # MEMORY USAGE of its hashes per proxy
+    site_bytes_info: float = 0.0  # used_memory delta per proxy for one site's ZSET
+    site_bytes_usage: float = 0.0
+    first_lease_ms: list[float] = field(default_factory=list)
+    stats_bytes: float = 0.0  # MEMORY USAGE of pstats per proxy that was ever leased
+    stats_proxies: int = 0
+
+
+def used_memory(admin: redis.Redis) -> int:
+    return int(admin.info("memory")["used_memory"])
+
+
+def memory_usage(admin: redis.Redis, key: str) -> int:
+    return int(admin.memory_usage(key, samples=0) or 0)
+
+
+def first_lease(store: PoolStore, pool: str, site: str) -> float:
+    """Lease once on a new site (starts building its ZSET: one page of 1,000 proxies per call),
+    release; the first lease's round trip in ms. Then lease until the build is complete, so the
+    timed cycles measure the steady state."""
+    start = time.perf_counter()
+    lease = store.lease(pool, site, ttl=LEASE_TTL)
+    elapsed = time.perf_counter() - start
+    if not isinstance(lease, Lease):
+        raise RuntimeError(f"first lease on {pool}/{site}: {lease}")
+    store.release(lease, outcome="ok")
+    building = keys.sub_key(store.prefix(pool), "sitebuild")
+    while store.client.hexists(building, site):
+        lease = store.lease(pool, site, ttl=LEASE_TTL)
+        if isinstance(lease, Lease):
+            store.release(lease, outcome="ok")
+    return elapsed * 1000
+
+
+def build_pool(admin: redis.Redis, store: PoolStore, size: int, sites: list[str]) -> PoolSetup:
+    pool = pool_name(size)
+    setup = PoolSetup(size, pool, keys.pool_prefix(NAMESPACE, pool))
+    urls = proxy_urls(size)
+    before = used_memory(admin)
+    start = time.perf_counter()
+    result = store.add_proxies(pool, urls)
+    setup.add_seconds = time.perf_counter() - start
+    if result.added != size:
+        raise RuntimeError(f"{pool}: added {result.added} proxies, expected {size}")
+    after_pool = used_memory(admin)
+    setup.pool_bytes_info = (after_pool - before) / size
+    setup.pool_bytes_usage = sum(memory_usage(admin, keys.sub_key(setup.prefix, name))
+                                 for name in ("proxies", "tags", "sites")) / size
+    setup.first_lease_ms.append(first_lease(store, pool, sites[0]))
+    setup.site_bytes_info = (used_memory(admin) - after_pool) / size
+    setup.site_bytes_usage = memory_usage(admin, f"{setup.prefix}:ready:{sites[0]}") / size
+    for site in sites[1:]:
+        setup.first_lease_ms.append(first_lease(store, pool, site))
+    return setup
+
+
+def counters_memory(admin: redis.Redis, setup: PoolSetup) -> None:
+    """Per-proxy counters (``pstats``) grow with the proxies ever leased: bytes per such proxy."""
+    key = keys.sub_key(setup.prefix, "pstats")
+    ids = {name.rpartition(":")[0] for name in admin.hkeys(key)}
+    setup.stats_proxies = len(ids)
+    setup.stats_bytes = memory_usage(admin, key) / max(1, len(ids))
+
+
+# --- bytes and server CPU per call ----------------------------------------------------------------
+
+@dataclass
+class CallCost:
+    """Bytes are summed over every round; server CPU per call is the median of the rounds (robust
+    to the rounds disturbed by anything else running on the machine)."""
+
+    calls: int = 0
+    out_bytes: int = 0
+    in_bytes: int = 0
+    round_usec: list[float] = field(default_factory=list)
+
+    def add(self, calls: int, sample: tuple[int, int, int]) -> None:
+        self.calls += calls
+        self.out_bytes += sample[0]
+        self.in_bytes += sample[1]
+        self.round_usec.append(sample[2] / calls)
+
+    @property
+    def out_per_call(self) -> float:
+        return self.out_bytes / self.calls
+
+    @property
+    def in_per_call(self) -> float:
+        return self.in_bytes / self.calls
+
+    @property
+    def usec_per_call(self) -> float:
+        return statistics.median(self.round_usec)
+
+    def paired_ratio(self, other: CallCost) -> float:
+        """Median over the rounds of this cost / the other's in the same round (adjacent in time)."""
+        return statistics.median(a / b for a, b in zip(self.round_usec, other.round_usec, strict=True))
+
+
+class Counter:
+    """Server counters over a stretch of calls: CONFIG RESETSTAT, the calls, then INFO.
+
+    The byte counters then hold the RESETSTAT exchange plus the calls; the exchange alone is
+    measured once (``calibrate``) and subtracted.
+    """
+
+    def __init__(self, admin: redis.Redis) -> None:
+        self.admin = admin
+        self.base = (0, 0)
+        self.start()
+        self.base = self.stop()[:2]
+
+    def start(self) -> None:
+        self.admin.config_resetstat()
+
+    def stop(self) -> tuple[int, int, int]:
+        stats = self.admin.info("stats")
+        commands = self.admin.info("commandstats")
+        usec = int(commands.get("cmdstat_evalsha", {}).get("usec", 0))
+        return (int(stats["total_net_output_bytes"]) - self.base[0],
+                int(stats["total_net_input_bytes"]) - self.base[1], usec)
+
+
+def measure_calls(admin: redis.Redis, store: PoolStore, setups: dict[int, PoolSetup], site: str,
+                  rounds: int) -> tuple[dict[int, tuple[CallCost, CallCost]], CallCost]:
+    """Bytes and server CPU per lease, per release (every pool size) and per trivial call.
+
+    Each round leases a batch of slots on every pool (all held at once), releases them, then makes
+    as many trivial calls; rounds interleave the pool sizes so drift hits them alike.
+    """
+    script = admin.register_script(TRIVIAL_SCRIPT)
+    counter = Counter(admin)
+    costs = {size: (CallCost(), CallCost()) for size in setups}
+    trivial = CallCost()
+    for _ in range(rounds):
+        for size, setup in setups.items():
+            lease_cost, release_cost = costs[size]
+            batch = min(BYTES_BATCH, size)
+            counter.start()
+            leases = [store.lease(setup.pool, site, ttl=LEASE_TTL) for _ in range(batch)]
+            lease_cost.add(batch, counter.stop())
+            if not all(isinstance(lease, Lease) for lease in leases):
+                raise RuntimeError(f"{setup.pool}: a lease found no free slot while counting bytes")
+            counter.start()
+            for lease in leases:
+                store.release(lease, outcome="ok", latency=LATENCY, min_interval=0.0)
+            release_cost.add(batch, counter.stop())
+        prefix = next(iter(setups.values())).prefix
+        counter.start()
+        for _ in range(BYTES_BATCH):
+            script(keys=[prefix])
+        trivial.add(BYTES_BATCH, counter.stop())
+    return costs, trivial
+
+
+# --- report ---------------------------------------------------------------------------------------
+
+def engine_revision() -> str:
+    """The git commit of the engine measured, and whether its files had uncommitted changes."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
+                              text=True, timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "scrapy_proxy_shard/store.py",
+                                "scrapy_proxy_shard/scripts.py", "scrapy_proxy_shard/lua"],
+                               cwd=root, capture_output=True, text=True, timeout=10, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return "unknown (not a git checkout)"
+    changed = len(dirty.splitlines())
+    return f"commit {head}" + (f" + uncommitted changes in {changed} engine file(s)" if changed else "")
+
+
+def verdict(ok: bool) -> str:
+    return "PASS" if ok else "MISS"
+
+
+def table(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(str(cell)) for cell in column) for column in zip(headers, *rows, strict=True)]
+    lines = ["  " + "  ".join(str(h).rjust(w) for h, w in zip(headers, widths, strict=True))]
+    lines.append("  " + "  ".join("-" * w for w in widths))
+    lines += ["  " + "  ".join(str(c).rjust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
+    return "\n".join(lines)
+
+
+def n0(value: float) -> str:
+    return f"{value:,.0f}"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="short smoke run: 1 s per figure, one repetition")
+    parser.add_argument("--seconds", type=float, default=None,
+                        help="timed seconds per figure and repetition (default 3, or 1 with --quick)")
+    parser.add_argument("--processes", type=int, default=4,
+                        help="OS processes of the multi-process measurements (default 4)")
+    parser.add_argument("--repeat", type=int, default=None,
+                        help="repetitions of the whole timed schedule, averaged (default 2, or 1 with --quick)")
+    parser.add_argument("--sizes", default=",".join(str(s) for s in SIZES),
+                        help="comma-separated pool sizes (default 500,10000,100000)")
+    args = parser.parse_args(argv)
+    args.seconds = args.seconds or (1.0 if args.quick else 3.0)
+    args.repeat = args.repeat or (1 if args.quick else 2)
+    args.warmup = 0.1 if args.quick else 0.3  # per job and process, before its timed slices
+    args.slice = 0.1 if args.quick else 0.25
+    args.sizes = sorted({int(s.replace("_", "")) for s in args.sizes.split(",") if s.strip()})
+    if args.processes < 2:
+        parser.error("--processes must be at least 2 (1 process is always measured)")
+    if len(args.sizes) < 2:
+        parser.error("--sizes needs at least two sizes to compare")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    nproc, sizes = args.processes, args.sizes
+    small, large = sizes[0], sizes[-1]
+    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+    sites = ["solo", *(f"d{i}" for i in range(nproc)), "shared"]
+    modes = [("1", "1 proc", ["solo"]),
+             ("distinct", f"{nproc} proc, distinct sites", [f"d{i}" for i in range(nproc)]),
+             ("shared", f"{nproc} proc, shared site", ["shared"] * nproc)]
+    revision = engine_revision()  # before the run: what the workers' scripts were read from
+    began = time.perf_counter()
+    load_before = os.getloadavg()[0]
+    runs: list[dict[str, list[Rate]]] = []
+
+    with RedisServer() as server:
+        admin = redis.Redis.from_url(server.url, decode_responses=True)
+        store = PoolStore(admin, namespace=NAMESPACE, host_id="bench-main")
+        version = admin.info("server")["redis_version"]
+        malloc = admin.info("memory").get("mem_allocator", "?")
+        # Load every script the run uses, so no SCRIPT LOAD lands inside a memory delta.
+        store.add_proxies("warmup", proxy_urls(1))
+        store.release(store.lease("warmup", "warmup", ttl=LEASE_TTL))
+        admin.register_script(TRIVIAL_SCRIPT)(keys=["warmup"])
+
+        setups = {size: build_pool(admin, store, size, sites) for size in sizes}
+
+        first_pool = setups[small].pool
+        for _ in range(args.repeat):
+            run = {}
+            for mode, _, own_sites in modes:
+                jobs = [[("trivial1", first_pool, site), ("trivial2", first_pool, site),
+                         *(("cycle", setups[size].pool, site) for size in sizes)] for site in own_sites]
+                run[mode] = measure(ctx, server.url, jobs, args.warmup, args.seconds, args.slice)
+            runs.append(run)
+
+        rounds = 3 if args.quick else 16
+        costs, trivial_cost = measure_calls(admin, store, setups, "solo", rounds)
+        for setup in setups.values():
+            counters_memory(admin, setup)
+        admin.close()
+
+    elapsed = time.perf_counter() - began
+    load_after = os.getloadavg()[0]
+    cpus = os.cpu_count() or 1
+    op_index = {"trivial1": 0, "trivial2": 1, **{size: 2 + i for i, size in enumerate(sizes)}}
+
+    def rate(mode: str, op: Any, run: dict | None = None) -> float:
+        """ops/s: of one run, or averaged over the runs (equal durations, so pooled)."""
+        chosen = [run] if run is not None else runs
+        return sum(r[mode][op_index[op]].total for r in chosen) / len(chosen)
+
+    def spread(mode: str, op: Any) -> str:
+        values = [v for r in runs for v in r[mode][op_index[op]].per_process]
+        return f"{n0(min(values))}-{n0(max(values))}"
+
+    print("scrapy-proxy-shard engine benchmark (benchmarks/bench_engine.py)")
+    print(f"  redis-server {version} (malloc {malloc}), python {platform.python_version()}, redis-py "
+          f"{redis.__version__}, {cpus} CPUs, {platform.system()} {platform.release()}; engine {revision}")
+    print(f"  each figure: {args.seconds:g} s timed per repetition, in {args.slice:g} s slices interleaved with "
+          f"the other figures of its column, x{args.repeat} repetitions averaged; {args.warmup:g} s warm-up per "
+          f"job; {nproc} worker processes ({ctx.get_start_method()}); whole run {elapsed:.0f} s")
+    print(f"  1-min load average before/after: {load_before:.2f} / {load_after:.2f} (the run itself adds up to "
+          f"{nproc + 1}; a high 'before' means other work shared the machine)")
+    if nproc + 1 > cpus:
+        print(f"  note: {nproc} client processes + redis-server share {cpus} CPUs, so the {nproc}-process figures "
+              "measure this saturated machine (client CPU included); the ceiling is measured the same way.")
+    print(f"  a cycle: lease (ttl {LEASE_TTL:g} s) + release(outcome ok, latency {LATENCY:g} s, min_interval 0), "
+          "with PoolStore over redis.Redis(decode_responses=True), one client per process.")
+    print("  distinct sites: each process leases on its own site; shared site: all processes lease on one site")
+    print("  (the multi-host case). Every release must answer ok or the run fails, so a slot handed out twice")
+    print("  (which would make one holder's release stale) would have stopped it.")
+
+    print("\nOne-off costs (not in the timings)")
+    rows = []
+    for size, setup in setups.items():
+        rows.append([n0(size), f"{setup.add_seconds:.2f} s", n0(size / setup.add_seconds),
+                     f"{setup.first_lease_ms[0]:.1f}",
+                     f"{sum(setup.first_lease_ms) / len(setup.first_lease_ms):.1f}",
+                     f"{max(setup.first_lease_ms):.1f}"])
+    print(table(["pool size", "add_proxies", "proxies/s", "first lease ms (builds site ZSET)",
+                 f"mean of {len(sites)} sites ms", "max ms"], rows))
+
+    print("\nThroughput: lease+release cycles/s (a cycle = 2 round trips), summed over processes "
+          "[per-process min-max]")
+    rows = []
+    for size in sizes:
+        row = [n0(size)]
+        for mode, _, _ in modes:
+            cell = n0(rate(mode, size))
+            if mode != "1":
+                cell += f" [{spread(mode, size)}]"
+            row.append(cell)
+        rows.append(row)
+    rows.append(["ceiling: `return 1` calls/s", *(n0(rate(mode, "trivial1")) for mode, _, _ in modes)])
+    rows.append(["ceiling: 2 x `return 1` cycles/s", *(n0(rate(mode, "trivial2")) for mode, _, _ in modes)])
+    print(table(["pool size", *(label for _, label, _ in modes)], rows))
+
+    misses = 0
+    rows = []
+
+    def ratio_row(name: str, label: str, fn: Any, target: float | None) -> None:
+        nonlocal misses
+        value = fn(None)
+        per_run = ", ".join(f"{fn(run):.2f}" for run in runs) if len(runs) > 1 else ""
+        if target is None:
+            rows.append([name, label, f"{value:.2f}", per_run, "info", ""])
+            return
+        ok = value >= target
+        misses += not ok
+        rows.append([name, label, f"{value:.2f}", per_run, f">= {target}", verdict(ok)])
+
+    for mode, label, _ in modes:
+        ratio_row(f"cycles/s({n0(large)}) / cycles/s({n0(small)})", label,
+                  lambda run, m=mode: rate(m, large, run) / rate(m, small, run), SCALE_TARGET)
+    for size in sizes:
+        for mode, label, _ in modes:
+            ratio_row(f"2 x cycles/s / `return 1` calls/s @ {n0(size)}", label,
+                      lambda run, m=mode, z=size: 2 * rate(m, z, run) / rate(m, "trivial1", run), CEILING_TARGET)
+    for mode, label, _ in modes:
+        ratio_row(f"cycles/s / 2 x `return 1` cycles/s @ {n0(large)}", label,
+                  lambda run, m=mode: rate(m, large, run) / rate(m, "trivial2", run), None)
+    print("\nRatios (value over the averaged runs; each run in brackets)")
+    print(table(["ratio", "processes", "value", "runs", "target", ""], rows))
+
+    print(f"\nPer call, server side ({rounds} rounds of {BYTES_BATCH} calls, pool sizes interleaved; bytes: INFO "
+          "stats net counters over all rounds; CPU: INFO commandstats, median of the rounds)")
+    rows = []
+    for size in sizes:
+        lease, release = costs[size]
+        rows.append([n0(size), f"{lease.out_per_call:.1f}", f"{release.out_per_call:.1f}",
+                     f"{lease.in_per_call:.1f}", f"{release.in_per_call:.1f}",
+                     f"{lease.usec_per_call:.1f}", f"{release.usec_per_call:.1f}",
+                     n0(1e6 / (lease.usec_per_call + release.usec_per_call))])
+    rows.append(["`return 1`", f"{trivial_cost.out_per_call:.1f}", "",
+                 f"{trivial_cost.in_per_call:.1f}", "", f"{trivial_cost.usec_per_call:.1f}", "",
+                 n0(1e6 / trivial_cost.usec_per_call) + " calls/s"])
+    print(table(["pool size", "lease B sent", "release B sent", "lease B recv", "release B recv",
+                 "lease us CPU", "release us CPU", "server-bound cycles/s"], rows))
+    checks = []
+    for name, pick in (("lease bytes sent", lambda c: c[0].out_per_call),
+                       ("release bytes sent", lambda c: c[1].out_per_call),
+                       ("lease bytes received", lambda c: c[0].in_per_call),
+                       ("release bytes received", lambda c: c[1].in_per_call)):
+        values = [pick(costs[size]) for size in sizes]
+        gap = max(values) - min(values)
+        ok = gap <= BYTES_TOLERANCE
+        misses += not ok
+        checks.append([f"{name}: max - min over pool sizes", f"{gap:.1f} B", f"<= {BYTES_TOLERANCE:g} B",
+                       verdict(ok)])
+    for name, index in (("lease", 0), ("release", 1)):
+        value = costs[small][index].paired_ratio(costs[large][index])
+        ok = value >= SCALE_TARGET
+        misses += not ok
+        checks.append([f"{name} CPU us({n0(small)}) / us({n0(large)}), median of paired rounds", f"{value:.2f}",
+                       f">= {SCALE_TARGET}",
+                       verdict(ok)])
+    print(table(["check", "value", "target", ""], checks))
+
+    print("\n1-process cycle anatomy, us: cycle = 2 round trips of `return 1` + server Lua work beyond `return 1`"
+          "\n  + the rest (client side: packing/parsing the larger commands and replies, PoolStore)")
+    rows = []
+    rtt = 1e6 / rate("1", "trivial1")
+    for size in sizes:
+        lease, release = costs[size]
+        cycle = 1e6 / rate("1", size)
+        lua = lease.usec_per_call + release.usec_per_call - 2 * trivial_cost.usec_per_call
+        rows.append([n0(size), f"{cycle:.0f}", f"{2 * rtt:.0f}", f"{lua:.0f}", f"{cycle - 2 * rtt - lua:.0f}"])
+    print(table(["pool size", "cycle", "2 x `return 1` round trip", "extra Lua", "rest"], rows))
+
+    print("\nredis-server memory per proxy (INFO used_memory delta; MEMORY USAGE of the keys in brackets)")
+    rows = []
+    for size, setup in setups.items():
+        rows.append([n0(size), f"{setup.pool_bytes_info:.0f} [{setup.pool_bytes_usage:.0f}]",
+                     f"{setup.site_bytes_info:.0f} [{setup.site_bytes_usage:.0f}]",
+                     f"{setup.pool_bytes_info + setup.site_bytes_info:.0f}",
+                     f"{setup.stats_bytes:.0f} ({n0(setup.stats_proxies)} proxies)"])
+    print(table(["pool size", "pool B/proxy", "+ each site B/proxy", "pool + 1 site",
+                 "+ counters B/leased proxy"], rows))
+    base = sizes[1] if len(sizes) > 2 else small  # the smallest pool's hash may use the compact encoding
+    per_proxy = {size: s.pool_bytes_info + s.site_bytes_info for size, s in setups.items()}
+    value = per_proxy[large] / per_proxy[base]
+    ok = value <= MEMORY_TARGET
+    misses += not ok
+    print(table(["check", "value", "target", ""],
+                [[f"B/proxy (pool + 1 site) @ {n0(large)} / @ {n0(base)}", f"{value:.2f}", f"<= {MEMORY_TARGET}",
+                  verdict(ok)]]))
+
+    print(f"\n{'all targets met' if not misses else f'{misses} target(s) missed'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
