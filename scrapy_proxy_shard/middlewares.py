@@ -70,7 +70,7 @@ class ProxyShardMiddleware:
             return None  # already leased (a middleware returned this same request object again)
         spider = spider or getattr(self.crawler, "spider", None)
         pool = self.runtime.pool_for(request, spider)
-        site = self.runtime.sites.key_for_url(request.url)
+        site = self.runtime.sites.key_for_request(request)
         session = meta.get("session_id")
         lease = await self.runtime.acquire(request, pool, site, str(session) if session is not None else None)
         meta["proxy"] = lease.proxy_url

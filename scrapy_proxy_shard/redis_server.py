@@ -104,7 +104,7 @@ class RedisServer:
         args = [
             self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
             "--save", "", "--appendonly", "no", "--dir", self._dir.name,
-            "--daemonize", "no", "--loglevel", "warning", *self.extra_args,
+            "--daemonize", "no", "--loglevel", "warning", "--hz", "100", *self.extra_args,
         ]
         self.process = subprocess.Popen(
             args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True

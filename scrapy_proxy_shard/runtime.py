@@ -23,13 +23,13 @@ from .exceptions import NoProxyAvailable, PoolBackendError, ProxyShardError, Set
 from .health import HostMonitor
 from .keys import check_name
 from .settings import ShardSettings
-from .sites import SiteMap, site_of_url
+from .sites import SiteMap, site_of_request
 from .store import AsyncPoolStore, Lease, LeaseWait, ReleaseResult
 
 logger = logging.getLogger(__name__)
 
 #: Longest single block on a site's freed list; kept below the Redis client's socket timeout.
-MAX_BLOCK = 5.0
+MAX_BLOCK = 2.0
 #: Seconds a lease outlives its request's download_timeout (release happens right after the response).
 LEASE_MARGIN = 2.0
 STATS = "proxy_shard"
@@ -202,7 +202,8 @@ class ShardRuntime:
         if not pool:
             pool, source = getattr(spider, "proxy_pool", None), "spider attribute proxy_pool"
         if not pool:
-            pool, source = self.settings.site_pools.get(site_of_url(request.url)), "PROXY_SHARD_SITE_POOLS"
+            pool = self.settings.site_pools.get(site_of_request(request)) if self.settings.site_pools else None
+            source = "PROXY_SHARD_SITE_POOLS"
         if not pool:
             pool = self.settings.pool
         else:
@@ -210,7 +211,7 @@ class ShardRuntime:
                 check_name("pool", pool)
             except SettingError:
                 raise SettingError(f"{source} ({pool!r}) is not a valid pool name") from None
-        platform = platform_of(site_of_url(request.url), self.settings.platforms) if self.settings.platforms else None
+        platform = platform_of(site_of_request(request), self.settings.platforms) if self.settings.platforms else None
         return platform_pool(pool, platform) if platform else pool
 
     def _interval(self, site: str) -> float:
@@ -265,15 +266,20 @@ class ShardRuntime:
         return result
 
     async def _wait(self, pool: str, site: str, wait: LeaseWait, remaining: float) -> None:
-        """Wait as long as the engine said, but wake at once when any host gives a slot back.
+        """Wait as long as the engine said, waking early only when that can help.
 
-        The reported wait is exact for cooling and quarantined slots, and only an upper bound when
-        slots are held (their holders usually release long before the lease expires), so pool waits
-        block on the site's freed list with the reported wait as timeout. A session waits for its own
-        proxy, which only its own release frees: a plain sleep.
+        The reported wait is exact when the earliest slot is resting or quarantined, and only an upper
+        bound when it is held (its holder usually releases long before the lease expires). A slot
+        released now rests ``min_interval`` before it is free, so when the reported wait is no longer
+        than that, nothing can free sooner: sleep exactly (locally: Redis checks blocking timeouts only
+        ``hz`` times a second). Otherwise block on the site's freed list, which a release on any host
+        wakes, with the reported wait as timeout. A session waits for its own proxy: a plain sleep.
         """
         pause = min(wait.wait, remaining)
-        if wait.reason == "session":
+        exact = wait.reason == "session" or (
+            wait.reason == "pool" and wait.wait <= self.settings.site_options(site).min_interval
+        )
+        if exact:
             await asyncio.sleep(pause)
         else:
             await self.store.wait_for_release(pool, site, min(pause, MAX_BLOCK))

@@ -16,6 +16,7 @@ from functools import lru_cache
 from urllib.parse import urlsplit
 
 import tldextract
+from scrapy.utils.httpobj import urlparse_cached
 
 from .exceptions import SettingError
 
@@ -49,6 +50,14 @@ def site_of_url(url: str) -> str:
     return registrable_domain(host)
 
 
+def site_of_request(request) -> str:
+    """Registrable domain of a Scrapy request's host (the URL parse is cached on the request)."""
+    host = urlparse_cached(request).hostname
+    if not host:
+        raise ValueError(f"URL has no host: {request.url!r}")
+    return registrable_domain(host)
+
+
 class SiteMap:
     """Maps a request URL to its exclusivity key: the site, or the site group it belongs to."""
 
@@ -76,7 +85,12 @@ class SiteMap:
         return self._group_of.get(site, site)
 
     def key_for_url(self, url: str) -> str:
-        return self._group_of.get(site_of_url(url), site_of_url(url))
+        site = site_of_url(url)
+        return self._group_of.get(site, site)
+
+    def key_for_request(self, request) -> str:
+        site = site_of_request(request)
+        return self._group_of.get(site, site)
 
     def groups(self) -> dict[str, str]:
         return dict(self._group_of)

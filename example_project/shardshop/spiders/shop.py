@@ -38,14 +38,17 @@ class ShopSpider(scrapy.Spider):
         self.logger.info("session %s moved to proxy %s (its proxy was banned)", session_id, proxy_id)
 
     async def start(self):
+        # Sites interleaved: requests waiting for a lease count against CONCURRENT_REQUESTS, so one
+        # site's backlog must not starve the others' idle proxies.
         for site in self.sites:
-            for n in range(1, self.pages + 1):
-                if n % self.shards == self.shard:
-                    yield scrapy.Request(f"http://{site}/catalog/{n}", callback=self.parse_page,
-                                         errback=self.failed, meta={"proxy_shard_required_css": CATALOG_CSS})
             for f in range(self.flows):
-                flow_id = f"h{self.shard}-{site.split('.')[0]}-{f}"
-                yield self.flow_request(site, flow_id, 1)
+                yield self.flow_request(site, f"h{self.shard}-{site.split('.')[0]}-{f}", 1)
+        for n in range(1, self.pages + 1):
+            if n % self.shards != self.shard:
+                continue
+            for site in self.sites:
+                yield scrapy.Request(f"http://{site}/catalog/{n}", callback=self.parse_page,
+                                     errback=self.failed, meta={"proxy_shard_required_css": CATALOG_CSS})
 
     def flow_request(self, site, flow_id, step):
         return scrapy.Request(
