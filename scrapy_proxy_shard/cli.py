@@ -59,14 +59,24 @@ class Ctx:
     redis_url: str
     namespace: str
     pool: str | None
+    cluster: bool = False
+    sentinels: str | None = None
+    sentinel_master: str | None = None
     _store: PoolStore | None = None
 
     @property
     def store(self) -> PoolStore:
+        """A blocking store on the same kind of Redis the crawls use (plain, Cluster or Sentinel)."""
         if self._store is None:
-            settings = ShardSettings(redis_url=self.redis_url, namespace=self.namespace, host_id=CLI_HOST_ID)
+            settings = ShardSettings.from_settings({
+                "PROXY_SHARD_REDIS_URL": self.redis_url, "PROXY_SHARD_NAMESPACE": self.namespace,
+                "PROXY_SHARD_HOST_ID": CLI_HOST_ID, "PROXY_SHARD_REDIS_CLUSTER": self.cluster,
+                "PROXY_SHARD_REDIS_SENTINELS": self.sentinels,
+                "PROXY_SHARD_REDIS_SENTINEL_MASTER": self.sentinel_master,
+            })
             self._store = PoolStore(sync_client(settings), namespace=self.namespace, host_id=CLI_HOST_ID,
-                                    bans=BanOptions(jitter=0.0), url_for_errors=self.redis_url)
+                                    bans=BanOptions(jitter=0.0),
+                                    url_for_errors=None if self.sentinels else self.redis_url)
         return self._store
 
     @property
@@ -134,11 +144,18 @@ def _check_name(kind: str) -> Callable[[click.Context, click.Parameter, Any], An
               show_envvar=True, callback=_check_name("namespace"), help="Key prefix (PROXY_SHARD_NAMESPACE).")
 @click.option("--pool", envvar="PROXY_SHARD_POOL", default=None, show_envvar=True, callback=_check_name("pool"),
               help="Pool to act on. Changes default to 'default'; views default to every pool.")
+@click.option("--cluster", is_flag=True, envvar="PROXY_SHARD_REDIS_CLUSTER", show_envvar=True,
+              help="The URL names a Redis Cluster node.")
+@click.option("--sentinels", envvar="PROXY_SHARD_REDIS_SENTINELS", show_envvar=True, metavar="HOST:PORT,...",
+              help="Find the master through these Sentinels (with --sentinel-master).")
+@click.option("--sentinel-master", envvar="PROXY_SHARD_REDIS_SENTINEL_MASTER", show_envvar=True,
+              help="Name of the master the Sentinels watch.")
 @click.version_option(package_name="scrapy-proxy-shard")
 @click.pass_context
-def cli(ctx: click.Context, redis_url: str, namespace: str, pool: str | None) -> None:
+def cli(ctx: click.Context, redis_url: str, namespace: str, pool: str | None, cluster: bool,
+        sentinels: str | None, sentinel_master: str | None) -> None:
     """See and change the proxy pool shared by Scrapy processes on many hosts, while they run."""
-    ctx.obj = Ctx(redis_url, namespace, pool)
+    ctx.obj = Ctx(redis_url, namespace, pool, cluster, sentinels, sentinel_master)
     ctx.call_on_close(ctx.obj.close)
 
 
@@ -176,7 +193,8 @@ def load(obj: Ctx, source: Any, partial: bool, dry_run: bool, type_: str | None,
     Every bad line is reported with its number; nothing is loaded from a file with errors unless
     --partial. Duplicates are merged. Running crawls use the new proxies at once.
     """
-    name = "<stdin>" if source.name in ("-", "<stdin>") else source.name
+    name = getattr(source, "name", "-")
+    name = "<stdin>" if name in ("-", "<stdin>") or not isinstance(name, str) else name
     parsed = parse_proxy_list(source.read(), tags=_tags(type_, provider, country))
     for error in parsed.errors:
         click.echo(f"{name}:{error.line}: {error.message}", err=True)

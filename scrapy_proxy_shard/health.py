@@ -34,6 +34,9 @@ logger = logging.getLogger(__name__)
 #: Width of a load bucket and how much load history each host keeps in Redis (bounded memory).
 LOAD_BUCKET = 60.0
 LOAD_KEEP = 3600.0
+#: A pool this host has not used is asked again only every this many beats (few round trips per beat
+#: however many pools the namespace has; a pool the host starts using is joined within that many).
+IDLE_RECHECK = 6
 
 
 def host_info(spider_name: str | None) -> dict[str, Any]:
@@ -54,25 +57,34 @@ class HostMonitor:
         self.beats: dict[str, Beat] = {}
         self._clock = clock
         self._task: asyncio.Task | None = None
+        self._stopping: asyncio.Event | None = None
         self._failing = False
+        self._beats_done = 0
+        self._idle: set[str] = set()
 
     @classmethod
     def for_runtime(cls, runtime: Any, spider: Any, pool: str) -> HostMonitor:
+        """The spider's pool and the pools it loads are joined at once; any other pool the crawl leases
+        from (``meta['proxy_pool']``, ``PROXY_SHARD_SITE_POOLS``, platforms) within a few beats."""
         s: ShardSettings = runtime.settings
-        pools = [pool, s.pool, *s.site_pools.values(), *s.proxies]
-        return cls(runtime.store, s, pools=pools, stats=runtime.stats, spider_name=getattr(spider, "name", None))
+        return cls(runtime.store, s, pools=[pool, *s.proxies], stats=runtime.stats,
+                   spider_name=getattr(spider, "name", None))
 
     async def start(self) -> None:
         """Register at once (so ``hosts`` shows the crawl from its first second), then beat on."""
         await self.beat()
         if self.logstats is not None:
             self.logstats.start(self._now())
+        self._stopping = asyncio.Event()
         self._task = asyncio.get_running_loop().create_task(self._run(), name="proxy_shard heartbeat")
 
     async def stop(self) -> None:
         """Stop beating and leave every pool now, so the host drops out of ``hosts`` at once."""
         task, self._task = self._task, None
         if task is not None:
+            # The event ends the loop even if a library swallows the cancellation of a call in flight
+            # (seen with redis clients): the task must never outlive the crawl, nor hang its close.
+            self._stopping.set()
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
@@ -86,14 +98,21 @@ class HostMonitor:
 
     async def beat(self) -> dict[str, Beat]:
         """One heartbeat per pool: the configured ones always, the others where this host leased."""
+        recheck = self._beats_done % IDLE_RECHECK == 0
+        self._beats_done += 1
         try:
             known = await self.store.pools()
             for pool in (*self.pools, *(p for p in known if p not in self.pools)):
+                if pool in self._idle and not recheck:
+                    continue
                 beat = await self.store.heartbeat(
                     pool, ttl=self.settings.host_ttl, info=self.info, always=pool in self.pools,
                     bucket=LOAD_BUCKET, keep=LOAD_KEEP,
                 )
-                if beat is not None:
+                if beat is None:
+                    self._idle.add(pool)
+                else:
+                    self._idle.discard(pool)
                     self.beats[pool] = beat
         except ProxyShardError as exc:
             if not self._failing:
@@ -113,7 +132,10 @@ class HostMonitor:
         next_log = self._now() + log_every
         while True:
             due = min(next_beat, next_log) if self.logstats is not None else next_beat
-            await asyncio.sleep(max(0.0, due - self._now()))
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), max(0.0, due - self._now()))
+            if self._stopping.is_set():
+                return
             now = self._now()
             try:
                 if now >= next_beat:

@@ -548,28 +548,47 @@ class _StoreBase:
         raw = yield _Command(("HGETALL", keys.sub_key(self.prefix(pool), "sites")))
         return {site: int(c) for site, c in sorted((raw or {}).items())}
 
-    def pool_status(self, pool: str, site: str, *, detail: bool = False):
+    def pool_status(self, pool: str, site: str, *, detail: bool = False, chunk: int = 256):
         """Slots of a site by state (free, leased, session, cooling, banned) and per host; with
-        ``detail`` every slot that is not free. None for a site the pool never served. O(busy slots)."""
-        return self._drive(self._pool_status(pool, site, detail))
+        ``detail`` every slot that is not free. None for a site the pool never served.
 
-    def _pool_status(self, pool, site, detail) -> Plan:
-        reply = yield _Script("pool_status", (self.prefix(pool),), (site, "1" if detail else "0"))
-        if reply[0] != "OK":
-            return None
-        now, slots, free, leased, session, cooling, banned, next_in, nh = (int(x) for x in reply[1:10])
-        i = 10
-        held = {reply[i + 2 * j]: int(reply[i + 2 * j + 1]) for j in range(nh)}
-        i += 2 * nh
-        busy = []
-        for _ in range(int(reply[i])):
-            member, state, until, host, sid, uses, sttl = reply[i + 1:i + 8]
-            pid, _, k = member.rpartition("/")
-            busy.append(BusySlot(pid, int(k), state, int(until) / 1000, host or None, sid or None, int(uses),
-                                 int(sttl) / 1000))
-            i += 7
-        return SiteStatus(site, now / 1000, slots, free, leased, session, cooling, banned, next_in / 1000,
-                          held, tuple(busy))
+        Reads the busy slots ``chunk`` at a time (one short script call each), so Redis is never
+        blocked for long however big the pool: for the CLI and the exporter, not for hot paths.
+        """
+        return self._drive(self._pool_status(pool, site, detail, max(1, min(int(chunk), 2000))))
+
+    def _pool_status(self, pool, site, detail, chunk) -> Plan:
+        now = offset = 0
+        total = None
+        states = [0, 0, 0, 0]  # leased, session, cooling, banned
+        held: dict[str, int] = {}
+        busy: list[BusySlot] = []
+        while True:
+            reply = yield _Script("pool_status", (self.prefix(pool),),
+                                  (site, "1" if detail else "0", now, offset, chunk))
+            if reply[0] != "OK":
+                return None
+            if total is None:
+                now, *total = (int(x) for x in reply[1:4])
+                next_in = int(reply[8])
+            states = [a + int(b) for a, b in zip(states, reply[4:8], strict=True)]
+            scanned, nh = int(reply[9]), int(reply[10])
+            i = 11
+            for j in range(nh):
+                host = reply[i + 2 * j]
+                held[host] = held.get(host, 0) + int(reply[i + 2 * j + 1])
+            i += 2 * nh
+            for _ in range(int(reply[i])):
+                member, state, until, host, sid, uses, sttl = reply[i + 1:i + 8]
+                pid, _, k = member.rpartition("/")
+                busy.append(BusySlot(pid, int(k), state, int(until) / 1000, host or None, sid or None, int(uses),
+                                     int(sttl) / 1000))
+                i += 7
+            offset += scanned
+            if scanned < chunk:
+                break
+        slots, free = total
+        return SiteStatus(site, now / 1000, slots, free, *states, next_in / 1000, held, tuple(busy))
 
     def proxy_urls(self, pool: str, ids: Iterable[str]):
         """The URL (with credentials) of each proxy id, None for ids not in the pool. Never print it."""

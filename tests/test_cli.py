@@ -281,7 +281,7 @@ def test_metrics_command_serves_until_sigterm(env, store):
         assert 'proxy_shard_proxies{pool="default"} 1.0' in body and "proxy_shard_up 1.0" in body
     finally:
         proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=10)
+        _out, err = proc.communicate(timeout=10)
     assert proc.returncode == 0, err
     assert f"serving http://127.0.0.1:{port}/metrics" in err
 
@@ -296,3 +296,17 @@ def _scrape_when_up(port: int, timeout: float = 15.0) -> str:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
+
+
+def test_the_cli_drives_a_redis_cluster(redis_cluster, cluster_redis):
+    env = {"PROXY_SHARD_REDIS_URL": f"redis://127.0.0.1:{redis_cluster.nodes[0].port}/0", "PROXY_SHARD_NAMESPACE": NS}
+    for pool in ("dc", "res"):  # pools land on different shards
+        assert invoke(env, "--cluster", "--pool", pool, "load", "-", stdin=GOOD).exit_code == 0
+    store = PoolStore(cluster_redis, namespace=NS, host_id="host-a")
+    store.heartbeat("res", ttl=60)
+    held = store.lease("res", "shop.example", ttl=60)
+    assert isinstance(held, Lease)
+    pools = json.loads(invoke(env, "--cluster", "status", "--json").stdout)
+    res = next(p for p in pools if p["pool"] == "res")
+    assert res["sites"][0]["leased"] == 1 and res["live_hosts"] == 1
+    assert "host-a" in invoke(env, "--cluster", "hosts").stdout

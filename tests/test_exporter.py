@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import re
 import urllib.request
+from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -116,3 +119,15 @@ def test_a_scrape_while_redis_is_down_says_up_0(redis_server):
         store.client.close()
     assert value(m, "proxy_shard_up") == 0.0
     assert not any(name.startswith("proxy_shard_proxies") and labels for (name, labels) in m)
+
+
+def test_dashboard_and_alerts_use_only_exported_metrics(exporter):
+    with urllib.request.urlopen(exporter, timeout=10) as response:
+        families = list(text_string_to_metric_families(response.read().decode()))
+    exported = {f.name for f in families} | {f"{f.name}_total" for f in families if f.type == "counter"}
+    folder = Path(__file__).resolve().parents[1] / "example_project" / "monitoring"
+    dashboard = json.loads((folder / "grafana-dashboard.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    exprs.append((folder / "alerts.yml").read_text())
+    used = {name for expr in exprs for name in re.findall(r"proxy_shard_[a-z_]+", expr)}
+    assert used and used <= exported, used - exported

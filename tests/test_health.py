@@ -180,6 +180,7 @@ def test_a_crawl_registers_beats_logs_its_pool_line_and_leaves_at_close(caplog):
     server = fakeredis.FakeServer()
     admin = PoolStore(fakeredis.FakeRedis(server=server, decode_responses=True), namespace="t")
     admin.add_proxies(POOL, URLS)
+    admin.add_proxies("other", URLS[1:])
     crawler = _crawler(server)
     lease_mw = build_from_crawler(ProxyShardMiddleware, crawler)
     ban_mw = build_from_crawler(BanDetectionMiddleware, crawler)
@@ -193,21 +194,24 @@ def test_a_crawl_registers_beats_logs_its_pool_line_and_leaves_at_close(caplog):
             await lease_mw.process_request(request)
             response = HtmlResponse(request.url, body=b"<html><body>ok</body></html>" * 50, request=request)
             await ban_mw.process_response(request, response)
-        await asyncio.sleep(0.35)
-        host = admin.hosts(POOL)[0]
+        other = Request("http://shop.example/other", meta={"proxy_pool": "other"})
+        await lease_mw.process_request(other)  # a pool the settings do not name: joined within a few beats
+        await asyncio.sleep(0.6)
+        host, in_other = admin.hosts(POOL)[0], [h.host for h in admin.hosts("other")]
         await runtime.spider_closed(crawler.spider, "finished")
-        return seen_at_open, host
+        return seen_at_open, host, in_other
 
     with caplog.at_level(logging.INFO, logger="scrapy_proxy_shard"):
-        seen_at_open, host = asyncio.run(scenario())
-    assert seen_at_open == ["crawl-1"]
+        seen_at_open, host, in_other = asyncio.run(scenario())
+    assert seen_at_open == ["crawl-1"] and in_other == ["crawl-1"]
     assert host.info["spider"] == "shop" and host.leases == 4 and host.ok == 4
     assert sum(host.load.values()) == 4
-    assert admin.hosts(POOL) == []  # left at close
+    assert admin.hosts(POOL) == [] and admin.hosts("other") == []  # left at close
     lines = [r.getMessage() for r in caplog.records if r.name == "scrapy_proxy_shard.logstats"]
     assert lines, caplog.text
-    assert "crawl-1: 4 leases" in lines[-1] and "100.0% ok" in lines[-1]
+    assert "crawl-1: 5 leases" in lines[-1] and "100.0% ok" in lines[-1]
     assert "pool 'main': 3 proxies, 1 hosts, free shop.example 3/3" in lines[-1]
+    assert "pool 'other': 2 proxies, 1 hosts, free shop.example 1/2" in lines[-1]
     assert "Pa55word" not in caplog.text
 
 

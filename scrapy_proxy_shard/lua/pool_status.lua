@@ -1,37 +1,76 @@
--- pool_status.lua: every slot of one site by state, the leases each host holds there, and on request
--- each slot that is not free (read-only).
+-- pool_status.lua: the slots of one site by state, the slots each host holds there, and on request
+-- each slot that is not free: one chunk of the site's busy slots per call (read-only).
 -- KEYS[1]  pool prefix "{namespace:pool}"
 -- ARGV[1]  site
--- ARGV[2]  "1": list every slot that is not free; "0": counts only
+-- ARGV[2]  "1": list every busy slot of the chunk; "0": counts only
+-- ARGV[3]  the instant the scan is taken at, ms: "0" on the first call (the Redis clock is used and
+--          returned), then that reply's now_ms, so every chunk splits free from busy at one instant
+-- ARGV[4]  offset into the busy slots (0, then the sum of the previous replies' scanned)
+-- ARGV[5]  chunk size (busy slots examined by this call)
 -- Replies:
---   {"OK", now_ms, slots, free, leased, session, cooling, banned, next_free_in_ms,
---    n_hosts, (host, leases_held) * n_hosts,
+--   {"OK", now_ms, slots, free, leased, session, cooling, banned, next_free_in_ms, scanned,
+--    n_hosts, (host, slots_held) * n_hosts,
 --    n_busy, (member, state, until_ms, host, session_id, uses, session_ttl_ms) * n_busy}
+--        slots, free, next_free_in_ms: the whole site; leased..banned, hosts, rows: this chunk;
+--        scanned < chunk size means the scan is done.
 --        states: "leased" (a request holds it now), "session" (bound to a live sticky session, in
 --        use or between its requests), "banned" (quarantined on the site or proxy-wide; a session
 --        slot whose proxy is quarantined is "banned" too), "cooling" (resting after a release, or
---        a lease that expired without release); free slots are not listed. host and session_id are
---        "" when not held; uses and session_ttl_ms are 0 outside sessions. n_busy is 0 without ARGV[2].
+--        a lease that expired without release). host and session_id are "" when not held; uses and
+--        session_ttl_ms are 0 outside sessions. n_busy is 0 without ARGV[2].
 --   {"UNKNOWN"}  the site has not been used with this pool yet
--- Cost: O(log N + B) where B is the number of slots that are not free: for the CLI and the
--- exporter, never for the request path. Lease tokens are never returned.
+-- Cost: O(log N + offset + chunk) with three bulk reads per chunk (ZRANGEBYSCORE, MGET, HMGET), so a
+-- status or a scrape never blocks Redis for long however big the pool (1-3 ms per 256 busy
+-- slots); chunks are not one atomic view (a slot leased or released between two calls may be counted
+-- in either state). Lease tokens are never returned.
 
 local site, detail = ARGV[1], ARGV[2] == '1'
 local c = redis.call('HGET', K_SITES, site)
 if not c then return {'UNKNOWN'} end
-local now = now_ms()
+local now = tonumber(ARGV[3])
+if now == 0 then now = now_ms() end
+local offset, limit = tonumber(ARGV[4]), tonumber(ARGV[5])
 local ready = ready_key(site)
 local slots = redis.call('ZCARD', ready)
 local free = redis.call('ZCOUNT', ready, '-inf', now)
+local first = redis.call('ZRANGE', ready, 0, 0, 'WITHSCORES')
+local next_in = 0
+if #first > 0 and tonumber(first[2]) > now then next_in = tonumber(first[2]) - now end
+
+local chunk = redis.call('ZRANGEBYSCORE', ready, '(' .. now, '+inf', 'WITHSCORES', 'LIMIT', offset, limit)
+local members, scores, lkeys = {}, {}, {}
+for i = 1, #chunk, 2 do
+  members[#members + 1] = chunk[i]
+  scores[#scores + 1] = tonumber(chunk[i + 1])
+  lkeys[#lkeys + 1] = lease_key(site, chunk[i])
+end
+local values, blocked = {}, {}
+if #members > 0 then
+  values = redis.call('MGET', unpack(lkeys))
+  -- Quarantines matter only for slots nobody holds: one bulk read of their two ban entries.
+  local fields, at = {}, {}
+  for i, member in ipairs(members) do
+    if not values[i] or string.sub(values[i], -1) ~= '|' then
+      local id = id_of(member)
+      fields[#fields + 1] = site .. '|' .. id
+      fields[#fields + 1] = '*|' .. id
+      at[#at + 1] = i
+    end
+  end
+  if #fields > 0 then
+    local entries = redis.call('HMGET', K_BANS, unpack(fields))
+    for j, i in ipairs(at) do
+      for _, entry in ipairs({entries[2 * j - 1], entries[2 * j]}) do
+        if entry and (tonumber(string.match(entry, '^(%d+)|')) or 0) > now then blocked[i] = true end
+      end
+    end
+  end
+end
+
 local counts = {leased = 0, session = 0, cooling = 0, banned = 0}
-local by_host, hosts = {}, {}
-local busy = {}
-local nbusy = 0
-local members = redis.call('ZRANGEBYSCORE', ready, '(' .. now, '+inf', 'WITHSCORES')
-for i = 1, #members, 2 do
-  local member, until_ms = members[i], tonumber(members[i + 1])
-  local id = id_of(member)
-  local v = redis.call('GET', lease_key(site, member))
+local by_host, hosts, busy = {}, {}, {}
+for i, member in ipairs(members) do
+  local v = values[i]
   local holder, sid = '', ''
   if v then
     holder, sid = string.match(v, '^[^|]*|([^|]*)|[^|]*|(.*)$')
@@ -40,7 +79,7 @@ for i = 1, #members, 2 do
   local state
   if v and sid == '' then
     state = 'leased'
-  elseif blocked_until(site, id) > now then
+  elseif blocked[i] then
     state = 'banned'
   elseif v then
     state = 'session'
@@ -63,20 +102,16 @@ for i = 1, #members, 2 do
       sttl = redis.call('PTTL', S)
       if sttl < 0 then sttl = 0 end
     end
-    nbusy = nbusy + 1
-    local row = {member, state, until_ms, holder, sid, uses, sttl}
-    for _, x in ipairs(row) do busy[#busy + 1] = x end
+    for _, x in ipairs({member, state, scores[i], holder, sid, uses, sttl}) do busy[#busy + 1] = x end
   end
 end
-local first = redis.call('ZRANGE', ready, 0, 0, 'WITHSCORES')
-local next_in = 0
-if #first > 0 and tonumber(first[2]) > now then next_in = tonumber(first[2]) - now end
+
 local reply = {'OK', now, slots, free, counts.leased, counts.session, counts.cooling, counts.banned, next_in,
-  #hosts}
+  #members, #hosts}
 for _, h in ipairs(hosts) do
   reply[#reply + 1] = h
   reply[#reply + 1] = by_host[h]
 end
-reply[#reply + 1] = nbusy
+reply[#reply + 1] = #busy / 7
 for _, x in ipairs(busy) do reply[#reply + 1] = x end
 return reply

@@ -1,0 +1,213 @@
+"""Credentials never leak: proxies with distinctive passwords (and a Redis with one) go through a real
+crawl, every CLI command and the exporter; then everything they wrote is searched for the passwords:
+stdout, stderr, the crawl log (DEBUG), stats, items, /metrics, and every Redis key name and value
+except the one hash whose job is to hold the proxy URLs."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import redis
+from click.testing import CliRunner
+
+from scrapy_proxy_shard.cli import cli as cli_group
+from scrapy_proxy_shard.exporter import serve
+from scrapy_proxy_shard.redis_server import RedisServer, free_port
+from scrapy_proxy_shard.store import PoolStore
+
+pytestmark = pytest.mark.slow
+PROJECT = Path(__file__).resolve().parents[1] / "example_project"
+NS = "shardshop"  # the example project's namespace
+REDIS_PASSWORD = "RedisCanary-5hQ"
+PASSWORDS = {"canary-a": "ProxyCanary-A1", "canary-b": "ProxyCanary-B2", "canary-c": "ProxyCanary-C3",
+             "canary-d": "ProxyCanary-D4", "canary-x": "ProxyCanary-X9"}
+CANARIES = [REDIS_PASSWORD, *PASSWORDS.values(),
+            *(base64.b64encode(f"{u}:{p}".encode()).decode() for u, p in PASSWORDS.items())]
+
+FLEET = """
+import asyncio, json, sys
+from scrapy_proxy_shard.demo.forward_proxy import ProxyFleet, ProxySpec, site_hosts
+from scrapy_proxy_shard.demo.site import run_until_signalled, write_file_atomically
+site_port, out = int(sys.argv[1]), sys.argv[2]
+specs = [ProxySpec("127.0.0.41", "canary-a", "ProxyCanary-A1"), ProxySpec("127.0.0.42", "canary-b", "ProxyCanary-B2"),
+         ProxySpec("127.0.0.43"), ProxySpec("127.0.0.44", "canary-c", "ProxyCanary-C3")]
+fleet = ProxyFleet(specs, site_hosts(site_port))
+asyncio.run(run_until_signalled(fleet, lambda: write_file_atomically(out, json.dumps(fleet.proxy_urls()))))
+"""
+
+
+class Outputs:
+    """Everything a person or a log could see, collected for the final search."""
+
+    def __init__(self) -> None:
+        self.texts: dict[str, str] = {}
+
+    def add(self, name: str, text: str) -> str:
+        self.texts[f"{name}#{len(self.texts)}"] = text
+        return text
+
+    def leaks(self) -> list[str]:
+        return [f"{canary} in {name}" for name, text in self.texts.items() for canary in CANARIES if canary in text]
+
+
+def _wait_file(path: Path, proc: subprocess.Popen, timeout: float = 30.0) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text().strip():
+            return path.read_text()
+        assert proc.poll() is None, f"{proc.args} exited with {proc.returncode}"
+        time.sleep(0.05)
+    raise AssertionError(f"{path} not written within {timeout}s")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+@pytest.fixture
+def redis_with_password():
+    server = RedisServer().start()
+    redis.Redis(port=server.port).config_set("requirepass", REDIS_PASSWORD)
+    yield server, f"redis://:{REDIS_PASSWORD}@127.0.0.1:{server.port}/0"
+    server.stop()
+
+
+@pytest.fixture
+def site_and_proxies(tmp_path):
+    """The demo anti-bot site (127.0.0.42 already blacklisted), four local proxies (three with auth) and a
+    dead one: the datacenter pool gets the first three and the dead one, the residential pool the fourth
+    (one IP in two pools would be two uncoordinated users of it, and the site would ban it)."""
+    children = []
+    try:
+        ready = tmp_path / "site.ready"
+        children.append(subprocess.Popen(
+            [sys.executable, "-m", "scrapy_proxy_shard.demo.site", "--port", "0", "--ready-file", str(ready),
+             "--sites", "shop-a.test", "--pages-per-site", "20", "--flow-steps", "2",
+             "--log", str(tmp_path / "site.log"), "--burnt", "shop-a.test=127.0.0.42"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True))
+        site_port = int(_wait_file(ready, children[-1]).split()[0])
+        urls_file = tmp_path / "fleet.json"  # holds the passwords: not searched
+        children.append(subprocess.Popen([sys.executable, "-c", FLEET, str(site_port), str(urls_file)],
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True))
+        urls = json.loads(_wait_file(urls_file, children[-1]))
+        dead = f"http://canary-d:{PASSWORDS['canary-d']}@127.0.0.1:{free_port()}"  # connection refused
+        yield {"datacenter": [*urls[:3], dead], "residential": urls[3:]}
+    finally:
+        for child in reversed(children):
+            _stop(child)
+
+
+def test_no_password_reaches_any_output(tmp_path, redis_with_password, site_and_proxies):
+    _server, url = redis_with_password
+    out = Outputs()
+    env = {**os.environ, "PROXY_SHARD_REDIS_URL": url, "PROXY_SHARD_NAMESPACE": NS}
+
+    def cli(*args: str, stdin: str | None = None, code: int | None = 0) -> subprocess.CompletedProcess:
+        proc = subprocess.run([sys.executable, "-m", "scrapy_proxy_shard", *args], env=env, input=stdin,
+                              capture_output=True, text=True, timeout=60)
+        out.add(f"cli {' '.join(args)} stdout", proc.stdout)
+        out.add(f"cli {' '.join(args)} stderr", proc.stderr)
+        if code is not None:
+            assert proc.returncode == code, (args, proc.stdout, proc.stderr)
+        return proc
+
+    def quick_cli(*args: str):
+        result = CliRunner().invoke(cli_group, list(args), env={"PROXY_SHARD_REDIS_URL": url,
+                                                                "PROXY_SHARD_NAMESPACE": NS})
+        out.add(f"quick cli {' '.join(args)} stdout", result.stdout)
+        out.add(f"quick cli {' '.join(args)} stderr", result.stderr)
+        return result
+
+    for pool, urls in site_and_proxies.items():
+        assert any(p in "".join(urls) for p in PASSWORDS.values())
+        cli("--pool", pool, "load", "-", stdin="\n".join(urls) + "\n")
+    bad_line = f"socks5://canary-x:{PASSWORDS['canary-x']}@10.0.0.1:1080\nhttp://canary-x:{PASSWORDS['canary-x']}@h:0\n"
+    bad = cli("--pool", "datacenter", "load", "-", stdin=bad_line, code=2)
+    assert "<stdin>:1:" in bad.stderr and "<stdin>:2:" in bad.stderr
+
+    crawl = subprocess.Popen(
+        [sys.executable, "-m", "scrapy", "crawl", "shop", "-a", "sites=shop-a.test", "-a", "pages=20", "-a", "flows=1",
+         "-a", "flow_steps=2", "-s", "PROXY_SHARD_HOST_ID=leak-host", "-s", "PROXY_SHARD_HEARTBEAT_INTERVAL=0.2",
+         "-s", "PROXY_SHARD_LOGSTATS_INTERVAL=0.5", "-s", "LOG_LEVEL=DEBUG", "-s", "PROXY_SHARD_MAX_WAIT=20",
+         "--logfile", str(tmp_path / "crawl.log"), "-O", str(tmp_path / "items.jsonl")],
+        cwd=PROJECT, env={**env, "STATS_DUMP_FILE": str(tmp_path / "stats.json")},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        seen_live = False  # the CLI (in this process: quick enough to catch the crawl) sees it live
+        deadline = time.monotonic() + 60
+        while crawl.poll() is None and time.monotonic() < deadline and not seen_live:
+            hosts = quick_cli("hosts", "--json")
+            seen_live = hosts.exit_code == 0 and any(h["host"] == "leak-host" for h in json.loads(hosts.stdout))
+            time.sleep(0.05)
+        for args in (["status", "--proxies"], ["sessions"], ["hosts"]):
+            quick_cli(*args)
+        stdout, stderr = crawl.communicate(timeout=120)
+    finally:
+        _stop(crawl)
+    out.add("crawl stdout", stdout)
+    out.add("crawl stderr", stderr)
+    log = out.add("crawl log", (tmp_path / "crawl.log").read_text())
+    assert crawl.returncode == 0, log[-3000:]
+    assert seen_live
+    stats = json.loads(out.add("stats", (tmp_path / "stats.json").read_text()))
+    out.add("items", (tmp_path / "items.jsonl").read_text())
+    assert stats.get("proxy_shard/leases", 0) > 0 and stats.get("proxy_shard/bans", 0) > 0, stats
+    assert "proxy_shard: leak-host:" in log  # the periodic pool line was written
+    assert "http://***:***@127.0.0.1:" in cli("list").stdout
+
+    # Every CLI view and change, naming proxies by URL (with its password) where a command takes one.
+    with_password = next(u for u in site_and_proxies["datacenter"] if PASSWORDS["canary-a"] in u)
+    cli("watch", "--iterations", "1", "--proxies")
+    cli("--pool", "datacenter", "ban", with_password, "--site", "shop-a.test", "--reason", "leak test")
+    for args in (["status"], ["status", "--json", "--proxies"], ["sessions", "--json"], ["pools"], ["list", "--json"],
+                 ["--pool", "datacenter", "unban", "--all", with_password],
+                 ["--pool", "datacenter", "ban", "http://canary-x:ProxyCanary-X9@10.9.9.9:1"],
+                 ["--pool", "datacenter", "remove", with_password],
+                 ["--pool", "datacenter", "add", "--type", "datacenter", with_password]):
+        quick_cli(*args)
+    down = {**env, "PROXY_SHARD_REDIS_URL": f"redis://:{REDIS_PASSWORD}@127.0.0.1:{free_port()}/0"}
+    proc = subprocess.run([sys.executable, "-m", "scrapy_proxy_shard", "status"], env=down, capture_output=True,
+                          text=True, timeout=60)
+    out.add("cli redis down", proc.stdout + proc.stderr)
+    assert proc.returncode == 1 and "redis://***:***@127.0.0.1:" in proc.stderr
+
+    # The exporter, scraped over HTTP.
+    client = redis.Redis.from_url(url, decode_responses=True)
+    metrics_server, thread = serve(PoolStore(client, namespace=NS), port=free_port())
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_server.server_address[1]}/metrics") as response:
+            metrics = out.add("metrics", response.read().decode())
+    finally:
+        metrics_server.shutdown()
+        metrics_server.server_close()
+        thread.join(5)
+    assert 'proxy_shard_proxies{pool="datacenter"}' in metrics
+
+    # Redis: key names, and every value outside the proxies hash.
+    holders = []
+    for key in client.scan_iter("*"):
+        out.add("redis key name", key)
+        kind = client.type(key)
+        dump = {"string": lambda k: client.get(k), "hash": client.hgetall, "zset": lambda k: client.zrange(k, 0, -1),
+                "list": lambda k: client.lrange(k, 0, -1), "set": client.smembers}[kind](key)
+        if any(c in repr(dump) for c in CANARIES):
+            holders.append(key)
+    assert set(holders) == {f"{{{NS}:datacenter}}:proxies", f"{{{NS}:residential}}:proxies"}, holders
+    client.close()
+
+    assert not out.leaks(), out.leaks()
+    assert len(out.texts) > 40
