@@ -406,6 +406,9 @@ def metrics(obj: Ctx, port: int, host: str) -> None:
 
     obj.store.ping()  # fail now, with one line, rather than serve `proxy_shard_up 0` forever
     pools = [obj.pool] if obj.pool else None
+    stop = threading.Event()
+    # Before the server answers: a SIGTERM right after the first scrape must stop it cleanly.
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         server, _thread = serve(obj.store, host=host, port=port, pools=pools)
     except OSError as exc:
@@ -413,8 +416,6 @@ def metrics(obj: Ctx, port: int, host: str) -> None:
     bound = server.server_address[1]
     click.echo(f"serving http://{host}:{bound}/metrics (pools: {obj.pool or 'all'}, namespace "
                f"{obj.namespace!r}); Ctrl-C to stop", err=True)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         while not stop.wait(0.5):
             pass

@@ -28,9 +28,11 @@ def _client(url: str, cluster: bool):
     return redis.Redis.from_url(url, decode_responses=True)
 
 
-def _worker(url: str, worker: int, iterations: int, queue, cluster: bool = False) -> None:
+def _worker(url: str, worker: int, iterations: int, queue, cluster: bool = False, go=None) -> None:
     """Lease, mark the slot in use, hold it briefly, unmark, release; report violations."""
     client = _client(url, cluster)
+    if go is not None:
+        go.wait(120)  # a barrier: all workers start together, so the pool is really contended
     store = PoolStore(client, host_id=f"worker-{worker}", namespace="t")
     violations, done, waits = 0, 0, 0
     sites = list(SITES)
@@ -45,7 +47,7 @@ def _worker(url: str, worker: int, iterations: int, queue, cluster: bool = False
         counter = f"test:inuse:{result.proxy_id}:{site}"
         if client.incr(counter) > SITES[site]:
             violations += 1
-        time.sleep(0.001)
+        time.sleep(0.003)
         client.decr(counter)
         assert store.release(result, min_interval=0.0).status == "ok"
         done += 1
@@ -61,9 +63,11 @@ def test_eight_processes_never_exceed_the_per_site_limit(kind, request):
     PoolStore(real_redis, namespace="t").add_proxies(POOL, PROXIES)
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(url, w, 60, queue, cluster)) for w in range(8)]
+    go = ctx.Barrier(9)
+    procs = [ctx.Process(target=_worker, args=(url, w, 60, queue, cluster, go)) for w in range(8)]
     for p in procs:
         p.start()
+    go.wait(120)
     results = [queue.get(timeout=120) for _ in procs]
     for p in procs:
         p.join(timeout=30)
