@@ -366,10 +366,7 @@ def sessions(obj: Ctx, site: str | None, as_json: bool) -> None:
     """Live sticky sessions: site, session id, proxy, uses, time to live, host."""
     rows = [s for pool in obj.view_pools() for s in views.sessions_json(read_pool(obj.store, pool, detail=True))
             if site is None or s["site"] == site]
-    if as_json:
-        _json(rows)
-    else:
-        click.echo(views.sessions_table(rows) if rows else "no live sessions")
+    _show(rows, as_json, views.sessions_table, "no live sessions")
 
 
 @cli.command()
@@ -378,10 +375,7 @@ def sessions(obj: Ctx, site: str | None, as_json: bool) -> None:
 def hosts(obj: Ctx, as_json: bool) -> None:
     """Live Scrapy processes: heartbeat age, requests, success, slots held, share of the load."""
     rows = [h for pool in obj.view_pools() for h in views.hosts_json(read_pool(obj.store, pool))]
-    if as_json:
-        _json(rows)
-    else:
-        click.echo(views.hosts_table(rows) if rows else "no live hosts")
+    _show(rows, as_json, views.hosts_table, "no live hosts")
 
 
 @cli.command()
@@ -390,10 +384,7 @@ def hosts(obj: Ctx, as_json: bool) -> None:
 def pools(obj: Ctx, as_json: bool) -> None:
     """Every pool of the namespace: proxies, dead, banned, sites, live hosts, slots held."""
     rows = [views.pools_json(read_pool(obj.store, pool)) for pool in obj.view_pools()]
-    if as_json:
-        _json(rows)
-    else:
-        click.echo(views.pools_table(rows))
+    _show(rows, as_json, views.pools_table, None)
 
 
 @cli.command()
@@ -424,6 +415,14 @@ def metrics(obj: Ctx, port: int, host: str) -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def _show(rows: list, as_json: bool, table, empty: str | None) -> None:
+    """Rows as JSON for scripts, or as a table for people (``empty`` when there are none)."""
+    if as_json:
+        _json(rows)
+    else:
+        click.echo(table(rows) if rows or empty is None else empty)
 
 
 # --- resolving proxies ---------------------------------------------------------------------------
