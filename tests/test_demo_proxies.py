@@ -12,10 +12,10 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from demo_http import RELAXED, Response, parse_response, run, send_raw
 
 from scrapy_proxy_shard.demo.forward_proxy import (
     ForwardProxy,
@@ -25,44 +25,12 @@ from scrapy_proxy_shard.demo.forward_proxy import (
     resolve_host,
     site_hosts,
 )
-from scrapy_proxy_shard.demo.site import AntiBotSite, ServerThread, SiteRules
+from scrapy_proxy_shard.demo.site import AntiBotSite, ServerThread
 from scrapy_proxy_shard.demo.sitelog import read_log
-
-RELAXED = SiteRules(latency=0.01, min_interval=0.0)
-
-
-@dataclass
-class Response:
-    status: int
-    headers: dict[str, str]
-    body: bytes
-
-
-def parse_response(raw: bytes) -> Response:
-    head, _, body = raw.partition(b"\r\n\r\n")
-    status_line, *header_lines = head.decode("latin-1").split("\r\n")
-    headers = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in header_lines)}
-    return Response(int(status_line.split(" ")[1]), headers, body)
 
 
 def basic(user: str, password: str) -> str:
     return "Proxy-Authorization: Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
-
-
-async def send_raw(port: int, raw: bytes) -> bytes:
-    """Send bytes on a fresh connection and read until the server closes it."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        writer.write(raw)
-        await writer.drain()
-        try:
-            return await reader.read()
-        except ConnectionResetError:
-            return b""
-    finally:
-        writer.close()
-        with contextlib.suppress(ConnectionError):
-            await writer.wait_closed()
 
 
 async def via_proxy(proxy_port: int, url: str, extra: Sequence[str] = ()) -> Response:
@@ -77,10 +45,6 @@ async def site_and_proxies(
     site = AntiBotSite(rules=RELAXED, log_path=log_path)
     async with site, ProxyFleet(specs, site_hosts(site.port)) as fleet:
         yield site, fleet
-
-
-def run(coro):  # type: ignore[no-untyped-def]
-    return asyncio.run(coro)
 
 
 # -- forwarding --------------------------------------------------------------------------

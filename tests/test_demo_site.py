@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import http.client
 import json
 import random
@@ -13,23 +12,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from demo_http import RELAXED, Response, parse_response, run, send_raw
 
 from scrapy_proxy_shard.demo.site import AntiBotSite, ServerThread, SiteRules
 from scrapy_proxy_shard.demo.sitelog import find_overlaps, read_log, summarize
-
-# No rate rule, short latency: tests that are not about the rules must not trip them.
-RELAXED = SiteRules(latency=0.01, min_interval=0.0)
-
-
-@dataclass
-class Response:
-    status: int
-    headers: dict[str, str]
-    body: bytes
 
 
 async def fetch(
@@ -42,25 +31,12 @@ async def fetch(
     extra: Sequence[str] = (),
 ) -> Response:
     """One request on a fresh connection (optionally from a chosen 127.0.0.x address)."""
-    local_addr = (source_ip, 0) if source_ip else None
-    reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=local_addr)
-    try:
-        lines = [f"{method} {target} HTTP/1.1", *([f"Host: {host}"] if host else []), *extra]
-        writer.write(("\r\n".join([*lines, "Connection: close"]) + "\r\n\r\n").encode())
-        raw = await reader.read()
-    finally:
-        writer.close()
-        with contextlib.suppress(ConnectionError):
-            await writer.wait_closed()
-    head, _, body = raw.partition(b"\r\n\r\n")
-    status_line, *header_lines = head.decode("latin-1").split("\r\n")
-    headers = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in header_lines)}
-    assert int(headers["content-length"]) == len(body) or method == "HEAD"
-    return Response(int(status_line.split(" ")[1]), headers, body)
-
-
-def run(coro):  # type: ignore[no-untyped-def]
-    return asyncio.run(coro)
+    lines = [f"{method} {target} HTTP/1.1", *([f"Host: {host}"] if host else []), *extra]
+    raw = await send_raw(port, ("\r\n".join([*lines, "Connection: close"]) + "\r\n\r\n").encode(),
+                         source_ip=source_ip)
+    response = parse_response(raw)
+    assert int(response.headers["content-length"]) == len(response.body) or method == "HEAD"
+    return response
 
 
 # -- pages ---------------------------------------------------------------------------
