@@ -74,8 +74,6 @@ def _sentinel(cls, settings: ShardSettings):
     """The current master named PROXY_SHARD_REDIS_SENTINEL_MASTER, found through the sentinels; the
     client follows a failover by asking them again."""
     params = client_params(settings)
-    for cluster_only in ("health_check_interval",):
-        params.pop(cluster_only, None)
     sentinel = cls(list(settings.redis_sentinels), sentinel_kwargs={"socket_timeout": params.get("socket_timeout")},
                    **params)
     return sentinel.master_for(settings.redis_sentinel_master)

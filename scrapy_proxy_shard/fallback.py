@@ -29,7 +29,7 @@ from typing import Any
 
 import redis
 
-from .engines import embedded_client, store_kwargs
+from .engines import embedded_client, initial_proxies, store_kwargs
 from .exceptions import PoolBackendError, ProxyShardError
 from .proxies import Proxy, make_proxy
 from .settings import ShardSettings
@@ -54,7 +54,6 @@ class _Snapshot:
     proxies: dict[str, list[Proxy]] = field(default_factory=dict)
     bans: dict[str, list[BanRecord]] = field(default_factory=dict)
     hosts: tuple[str, ...] = ()
-    taken_at: float = 0.0
 
 
 class FallbackPoolStore:
@@ -115,11 +114,7 @@ class FallbackPoolStore:
     async def start_offline(self, reason: BaseException) -> None:
         """Begin in fallback (Redis down at start, ``PROXY_SHARD_REDIS_DOWN_AT_START = 'fallback'``):
         the snapshot is ``PROXY_SHARD_PROXIES`` over ``PROXY_SHARD_HOSTS``."""
-        self.snapshot = _Snapshot(
-            proxies={pool: [p if isinstance(p, Proxy) else Proxy(p) for p in entries]
-                     for pool, entries in _loaded(self.settings).items()},
-            hosts=self.settings.hosts, taken_at=self.clock(),
-        )
+        self.snapshot = _Snapshot(proxies=initial_proxies(self.settings), hosts=self.settings.hosts)
         await self._enter_fallback(reason)
 
     async def lease(self, pool: str, site: str, *, ttl: float, concurrency: int = 1,
@@ -216,7 +211,6 @@ class FallbackPoolStore:
             self.snapshot.proxies[pool] = [r.proxy for r in await self.primary.list_proxies(pool)]
             self.snapshot.hosts = await self._live_hosts()
         self.snapshot.bans[pool] = await self.primary.bans(pool)
-        self.snapshot.taken_at = now
 
     async def _live_hosts(self) -> tuple[str, ...]:
         if self.settings.hosts:
@@ -375,8 +369,3 @@ class FallbackPoolStore:
         if self.stats is not None:
             self.stats.inc_value(f"{STATS}/{name}")
 
-
-def _loaded(settings: ShardSettings) -> dict[str, list]:
-    from .engines import initial_proxies
-
-    return initial_proxies(settings)
