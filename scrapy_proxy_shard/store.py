@@ -12,6 +12,7 @@ Times in this API are seconds (floats); the scripts work in integer milliseconds
 from __future__ import annotations
 
 import json
+import math
 import random
 import secrets
 from collections.abc import Callable, Generator, Iterable
@@ -28,6 +29,9 @@ from .scripts import register_all
 from .settings import BanOptions
 
 OUTCOMES = ("ok", "error", "ban", "dead", "unknown")
+#: Longest time argument the scripts accept (366 days, MAX_MS in lua/_lib.lua); checked here first so a
+#: bad value is a clear ValueError naming the argument rather than a Redis error reply.
+MAX_SECONDS = 366 * 86400.0
 REASON_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789_-:.")
 
 
@@ -47,6 +51,11 @@ class Lease:
     issued_at: float
     session_id: str | None = None
     rebound: bool = False
+
+    def __post_init__(self) -> None:
+        # Defence in depth: a lease without a URL would send the request from the host's own IP.
+        if not self.proxy_url:
+            raise PoolBackendError(f"pool {self.pool!r} answered a lease of proxy {self.proxy_id!r} without a URL")
 
     @property
     def masked_url(self) -> str:
@@ -241,8 +250,8 @@ class _StoreBase:
     def _lease(self, pool, site, ttl, concurrency, session_id, session_ttl) -> Plan:
         token = self._token()
         reply = yield _Script("lease", (self.prefix(pool),), (
-            site, int(concurrency), _ms(ttl), token, self.host_id, session_id or "",
-            _ms(max(session_ttl, ttl)),
+            site, int(concurrency), _ms(ttl, "ttl"), token, self.host_id, session_id or "",
+            _ms(max(session_ttl, ttl), "session_ttl"),
         ))
         status = reply[0]
         if status == "OK":
@@ -310,7 +319,7 @@ class _StoreBase:
     def hold(self, pool: str, site: str, member: str, *, ttl: float, concurrency: int = 1):
         """Take the named slot if it is free (adopting a lease made while Redis was unreachable).
 
-        Returns a ``Lease`` (with a fresh token and no URL lookup: ``proxy_url`` is empty), a
+        Returns a ``Lease`` (with a fresh token), a
         ``LeaseWait`` with reason ``held`` when the slot is busy, or None when there is no such slot.
         """
         return self._drive(self._hold(pool, site, member, ttl, concurrency))
@@ -321,8 +330,9 @@ class _StoreBase:
             site, member, int(concurrency), _ms(ttl), token, self.host_id,
         ))
         if reply[0] == "OK":
-            return Lease(pool=pool, site=site, proxy_id=member.rpartition("/")[0], proxy_url="", member=member,
-                         token=token, expires_at=int(reply[1]) / 1000, issued_at=int(reply[2]) / 1000)
+            return Lease(pool=pool, site=site, proxy_id=member.rpartition("/")[0], proxy_url=reply[3],
+                         member=member, token=token, expires_at=int(reply[1]) / 1000,
+                         issued_at=int(reply[2]) / 1000)
         if reply[0] == "BUSY":
             return LeaseWait(int(reply[1]) / 1000, "held")
         return None
@@ -371,21 +381,40 @@ class _StoreBase:
         return self._drive(self._add(pool, proxies))
 
     def _add(self, pool, proxies) -> Plan:
-        unique: dict[str, Proxy] = {}
-        for entry in proxies:
-            p = entry if isinstance(entry, Proxy) else make_proxy(entry)
-            unique[p.id] = p
         added = updated = 0
-        items = list(unique.values())
+        items = list(_unique(proxies).values())
         for start in range(0, len(items), 500):
-            args: list[str] = []
-            for p in items[start:start + 500]:
-                args += [p.id, p.url, json.dumps(p.tags, sort_keys=True) if p.tags else ""]
-            reply = yield _Script("add", (self.prefix(pool),), tuple(args))
+            args = [a for p in items[start:start + 500] for a in _add_args(p)]
+            reply = yield _Script("add", (self.prefix(pool),), ("add", 0, *args))
             added += int(reply[1])
             updated += int(reply[2])
         yield _Command(("SADD", keys.pools_registry(self.namespace), pool))
         return AddResult(added, updated)
+
+    def restore_pool(self, pool: str, proxies: Iterable[Proxy | str], *, warmup: float = 0.0):
+        """Reload a pool that Redis lost (FLUSHALL, a restart without persistence, a failover to an
+        empty replica) from a copy the caller kept; returns how many proxies were restored.
+
+        Does nothing (returns 0) unless the pool is empty *and* was never loaded as far as Redis knows:
+        a pool an operator drained with ``remove`` stays drained. Restored proxies rest ``warmup``
+        seconds first (their lease keys were lost too: requests in flight through them may still run).
+        At most 500 proxies are restored per call; the first call decides, the rest are plain adds.
+        """
+        return self._drive(self._restore(pool, proxies, warmup))
+
+    def _restore(self, pool, proxies, warmup) -> Plan:
+        items = list(_unique(proxies).values())
+        if not items:
+            return 0
+        args = [a for p in items[:500] for a in _add_args(p)]
+        reply = yield _Script("add", (self.prefix(pool),), ("restore", _ms(warmup, "warmup"), *args))
+        if reply[0] != "OK":
+            return 0
+        restored = int(reply[1])
+        if len(items) > 500:
+            restored += (yield from self._add(pool, items[500:])).added
+        yield _Command(("SADD", keys.pools_registry(self.namespace), pool))
+        return restored
 
     def remove_proxies(self, pool: str, proxies: Iterable[str]):
         """Drain proxies (ids or URLs): no new leases; running leases finish. Returns the count."""
@@ -662,8 +691,25 @@ class AsyncPoolStore(_StoreBase):
 
 # --- helpers --------------------------------------------------------------------------------------
 
-def _ms(seconds: float) -> int:
-    return max(0, round(float(seconds) * 1000))
+def _ms(seconds: float, name: str = "time") -> int:
+    """Seconds to the scripts' integer ms, refusing what no script accepts (NaN, inf, > 366 days)."""
+    value = float(seconds)
+    if not math.isfinite(value) or value > MAX_SECONDS:
+        raise ValueError(f"{name} ({seconds!r}) must be a finite number of seconds up to {MAX_SECONDS:g}")
+    return max(0, round(value * 1000))
+
+
+def _unique(proxies: Iterable[Proxy | str]) -> dict[str, Proxy]:
+    """Validated proxies by id (duplicates merged)."""
+    unique: dict[str, Proxy] = {}
+    for entry in proxies:
+        p = entry if isinstance(entry, Proxy) else make_proxy(entry)
+        unique[p.id] = p
+    return unique
+
+
+def _add_args(p: Proxy) -> list[str]:
+    return [p.id, p.url, json.dumps(p.tags, sort_keys=True) if p.tags else ""]
 
 
 def _reason(reason: str) -> str:

@@ -29,6 +29,10 @@
 --                               plus its PROXY_SHARD_HOST_TTL); written by heartbeats only (host_beat.lua)
 --   P:host:<host>        HASH   beat=ms since=ms seen=leases counted at the last beat info=JSON; PX TTL
 --   P:load:<host>        HASH   minute start ms -> leases the host took in that minute (one hour kept)
+--   P:done:<op>:<token>  STRING the JSON reply of a write script already run for this token (PX 60 s): a
+--                               resent call (redis-py retry_on_timeout) answers it again, writes nothing
+--   P:meta               HASH   created=ms: the pool was loaded once; remove.lua never deletes it, so
+--                               an empty pool without it was lost by Redis (FLUSHALL, failover, eviction)
 -- Times are milliseconds of the Redis server clock (TIME), so host clock skew cannot cause overlaps.
 
 local P = KEYS[1]
@@ -41,6 +45,54 @@ local K_PSTATS = P .. ':pstats'
 local K_HSTATS = P .. ':hstats'
 local K_SSTATS = P .. ':sstats'
 local K_COUNTERS = P .. ':counters'
+
+local K_META = P .. ':meta'
+
+-- Upper bounds of every time and count argument, checked before the first write of any script: a
+-- script that fails half way (SET PX with an overflowing expiry) would leave partial state behind.
+local MAX_MS = 31622400000  -- 366 days
+local MAX_CONCURRENCY = 1000
+
+-- Check numeric arguments: spec rows {index, name, lowest, highest[, fraction allowed]}. Returns an
+-- error message for the first bad one, or nil. Callers `return redis.error_reply(msg)` at once.
+local function check_args(spec)
+  for _, row in ipairs(spec) do
+    local raw = ARGV[row[1]]
+    local v = tonumber(raw)
+    local bad = v == nil or v ~= v or v < row[3] or v > row[4]
+    if not bad and not row[5] and v ~= math.floor(v) then bad = true end
+    if bad then
+      return 'ERR scrapy-proxy-shard: argument ' .. row[2] .. ' (' .. tostring(raw) .. ') must be a '
+        .. (row[5] and 'number' or 'whole number') .. ' from ' .. tostring(row[3]) .. ' to ' .. tostring(row[4])
+    end
+  end
+  return nil
+end
+
+-- Check string arguments: non-empty (or empty allowed), at most 200 bytes. Returns a message or nil.
+local function check_strings(spec)
+  for _, row in ipairs(spec) do
+    local raw = ARGV[row[1]]
+    if raw == nil or #raw > 200 or (raw == '' and not row[3]) then
+      return 'ERR scrapy-proxy-shard: argument ' .. row[2] .. ' must be a string of 1 to 200 bytes'
+    end
+  end
+  return nil
+end
+
+-- Idempotency of write scripts: the first reply for (op, token) is kept 60 s, longer than any
+-- client retry (socket_timeout x retries), so a resent EVALSHA gets the same answer and writes nothing.
+local MEMO_MS = 60000
+local function memo_key(op, token) return P .. ':done:' .. op .. ':' .. token end
+local function recall(op, token)
+  local v = redis.call('GET', memo_key(op, token))
+  if v then return cjson.decode(v) end
+  return nil
+end
+local function remember(op, token, reply)
+  redis.call('SET', memo_key(op, token), cjson.encode(reply), 'PX', MEMO_MS)
+  return reply
+end
 
 local function now_ms()
   local t = redis.call('TIME')
@@ -93,7 +145,8 @@ local K_SITEBUILD = P .. ':sitebuild'
 
 -- Add one HSCAN page of the pool to the site; returns true when the build is complete.
 local function build_chunk(site, concurrency, cursor, now)
-  local res = redis.call('HSCAN', K_PROXIES, cursor, 'COUNT', BUILD_CHUNK)
+  local count = math.max(1, math.floor(BUILD_CHUNK / concurrency))  -- about BUILD_CHUNK slots a page
+  local res = redis.call('HSCAN', K_PROXIES, cursor, 'COUNT', count)
   local kv = res[2]
   local batch = {}
   for i = 1, #kv, 2 do
@@ -103,10 +156,10 @@ local function build_chunk(site, concurrency, cursor, now)
     for k = 0, concurrency - 1 do
       batch[#batch + 1] = score
       batch[#batch + 1] = id .. '/' .. k
-    end
-    if #batch >= 2000 then
-      redis.call('ZADD', ready_key(site), 'NX', unpack(batch))
-      batch = {}
+      if #batch >= 2000 then  -- flushed inside the slot loop: unpack stays far below LUAI_MAXCSTACK
+        redis.call('ZADD', ready_key(site), 'NX', unpack(batch))
+        batch = {}
+      end
     end
   end
   if #batch > 0 then redis.call('ZADD', ready_key(site), 'NX', unpack(batch)) end
@@ -195,6 +248,17 @@ local function ban(scope, id, reason, base_ms, max_ms, jitter, window_ms, now)
   redis.call('HINCRBY', K_SSTATS, scope .. ':ban:' .. reason, 1)
   forget_old_bans(now)
   return until_ms, strikes, 1
+end
+
+-- The ms from which a slot of a proxy being (re-)added may be used: not before a quarantine ends,
+-- nor before a lease or sticky session that still holds the slot (its lease key) runs out. A proxy
+-- removed and added again while a request holds it must not be handed out twice.
+local function slot_free_at(site, id, member, now)
+  local at = blocked_until(site, id)
+  if at < now then at = now end
+  local held = redis.call('PTTL', lease_key(site, member))
+  if held > 0 and now + held > at then at = now + held end
+  return at
 end
 
 -- The ms from which a released slot may be used again: after the pacing interval, and not before

@@ -1,23 +1,47 @@
--- add.lua: add proxies to a pool (or update their tags); new proxies are usable at once on every
--- site the pool already serves.
+-- add.lua: add proxies to a pool (or update their tags); new proxies are usable on every site the
+-- pool already serves as soon as nothing holds their slots.
 -- KEYS[1]  pool prefix "{namespace:pool}"
--- ARGV     triples: proxy id, canonical URL, JSON tags ("" for none)
+-- ARGV[1]  mode: "add", or "restore" (only into a pool that Redis lost: P:meta absent and no proxies;
+--          a pool an operator emptied with remove keeps P:meta and is left alone)
+-- ARGV[2]  restore warm-up, ms: restored proxies are quarantined proxy-wide this long (reason
+--          "restored"), so a request another host sent through one of them before Redis lost the
+--          pool can finish first (the lease keys were lost with the pool)
+-- ARGV[3..] triples: proxy id, canonical URL, JSON tags ("" for none)
 -- Replies:
 --   {"OK", added, updated}
+--   {"KEPT"}  restore mode only: the pool was not lost; nothing written
+-- A proxy removed and added again while a request or sticky session still holds one of its slots
+-- gets that slot back only when the holder's lease key runs out or is released (slot_free_at), and
+-- never before a quarantine of the proxy ends.
 
+local bad = check_args({{2, 'restore warm-up ms', 0, MAX_MS}})
+if bad then return redis.error_reply(bad) end
+if (#ARGV - 2) % 3 ~= 0 then return redis.error_reply('ERR scrapy-proxy-shard: add takes id, url, tags triples') end
+local mode = ARGV[1]
 local now = now_ms()
+if mode == 'restore' then
+  if redis.call('EXISTS', K_META) == 1 or redis.call('HLEN', K_PROXIES) > 0 then return {'KEPT'} end
+elseif mode ~= 'add' then
+  return redis.error_reply('ERR scrapy-proxy-shard: add mode must be add or restore')
+end
+local warm = tonumber(ARGV[2])
+redis.call('HSETNX', K_META, 'created', istr(now))
 local sites = redis.call('HGETALL', K_SITES)
 local added, updated = 0, 0
-for i = 1, #ARGV, 3 do
+for i = 3, #ARGV, 3 do
   local id, url, tags = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   if redis.call('HSET', K_PROXIES, id, url) == 1 then
     added = added + 1
+    if mode == 'restore' and warm > 0 then
+      local field = '*|' .. id
+      redis.call('HSET', K_BANS, field, istr(now + warm) .. '|0|restored|' .. istr(now))
+      redis.call('ZADD', K_BANIDX, now + warm, field)
+    end
     for j = 1, #sites, 2 do
       local ready = ready_key(sites[j])
-      local at = blocked_until(sites[j], id)
-      if at < now then at = now end
       for k = 0, tonumber(sites[j + 1]) - 1 do
-        redis.call('ZADD', ready, 'NX', at, id .. '/' .. k)
+        local member = id .. '/' .. k
+        redis.call('ZADD', ready, 'NX', slot_free_at(sites[j], id, member, now), member)
       end
     end
   else

@@ -10,6 +10,12 @@
 --                                       was already running (no extra strike)
 --   {"UNKNOWN"}                         no such proxy in the pool
 
+-- Arguments are checked before the first write (a repeat of this call changes nothing more).
+local bad = check_strings({{1, 'scope'}, {2, 'proxy id'}, {3, 'reason'}})
+  or check_args({{4, 'ban ttl ms', 1, MAX_MS}, {5, 'ban max ttl ms', 1, MAX_MS}, {6, 'jitter', -1, 1, true},
+    {7, 'strike window ms', 0, MAX_MS}})
+if bad then return redis.error_reply(bad) end
+
 local scope, id = ARGV[1], ARGV[2]
 if redis.call('HEXISTS', K_PROXIES, id) == 0 then return {'UNKNOWN'} end
 local now = now_ms()

@@ -4,14 +4,24 @@
 -- ARGV[1]  site    ARGV[2]  member "<id>/<k>"    ARGV[3]  concurrency (slots per proxy, if the
 --          site is new)    ARGV[4]  TTL, ms    ARGV[5]  token    ARGV[6]  host id
 -- Replies:
---   {"OK", expires_ms, now_ms}  the slot is now held with this token
+--   {"OK", expires_ms, now_ms, url}  the slot is now held with this token (url: the proxy's URL)
 --   {"BUSY", wait_ms}           the slot is held, cooling or quarantined in Redis
 --   {"UNKNOWN"}                 no such slot (proxy not in the pool, or site built with fewer slots)
+-- Arguments are checked before the first write; a repeated call with the same token answers the
+-- first OK again.
+
+local bad = check_strings({{1, 'site'}, {2, 'member'}, {5, 'token'}, {6, 'host'}})
+  or check_args({{3, 'concurrency', 1, MAX_CONCURRENCY}, {4, 'ttl ms', 1, MAX_MS}})
+if bad then return redis.error_reply(bad) end
+local earlier = recall('hold', ARGV[5])
+if earlier then return earlier end
 
 local site, member = ARGV[1], ARGV[2]
 local concurrency, ttl = tonumber(ARGV[3]), tonumber(ARGV[4])
 local token, host = ARGV[5], ARGV[6]
 local now = now_ms()
+local url = redis.call('HGET', K_PROXIES, id_of(member) or '')
+if not url then return {'UNKNOWN'} end
 ensure_site(site, concurrency, now)
 local ready = ready_key(site)
 local score = redis.call('ZSCORE', ready, member)
@@ -22,4 +32,4 @@ redis.call('ZADD', ready, now + ttl, member)
 redis.call('SET', lease_key(site, member), token .. '|' .. host .. '|' .. istr(now) .. '|', 'PX', ttl)
 redis.call('HINCRBY', K_PSTATS, id_of(member) .. ':l', 1)
 redis.call('HINCRBY', K_HSTATS, host .. ':l', 1)
-return {'OK', now + ttl, now}
+return remember('hold', token, {'OK', now + ttl, now, url})

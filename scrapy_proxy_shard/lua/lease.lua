@@ -17,9 +17,21 @@
 --        it sooner (callers block on P:freed:<site> for at most wait_ms);
 --        "session": the session's own proxy is in use or inside its pacing interval
 --   {"EMPTY"}  the pool holds no proxies
+-- Never OK without a URL: a ready member whose proxy is missing from P:proxies (lost by eviction or a
+-- failover while its site survived) is dropped, at most ORPHANS_PER_CALL per call, and another is
+-- picked. Arguments are checked before the first write (an error reply, no partial state), and a
+-- repeated call with the same token (a client retry) answers the first OK again without writing.
 -- Cost: O(log N) in the number of proxies (one ZRANGEBYSCORE LIMIT 1 + one ZADD). A new site's ZSET
 -- is built 1000 proxies per call (an HSCAN page), so no call blocks Redis for O(N).
 
+local bad = check_strings({{1, 'site'}, {4, 'token'}, {5, 'host'}, {6, 'session id', true}})
+  or check_args({{2, 'concurrency', 1, MAX_CONCURRENCY}, {3, 'lease ttl ms', 1, MAX_MS},
+    {7, 'session ttl ms', 1, MAX_MS}})
+if bad then return redis.error_reply(bad) end
+local earlier = recall('lease', ARGV[4])
+if earlier then return earlier end
+
+local ORPHANS_PER_CALL = 16
 local site = ARGV[1]
 local concurrency = tonumber(ARGV[2])
 local ttl = tonumber(ARGV[3])
@@ -55,7 +67,8 @@ if sid ~= '' then
         'PX', session_ttl)
       redis.call('ZADD', ready, 'XX', now + session_ttl, member)
       count_lease(id)
-      return {'OK', id, redis.call('HGET', K_PROXIES, id), member, token, now + ttl, now, 1, 0}
+      return remember('lease', token,
+        {'OK', id, redis.call('HGET', K_PROXIES, id), member, token, now + ttl, now, 1, 0})
     end
     -- The session's proxy is banned, dead or removed: free its slot and bind a new proxy below.
     -- The binding is emptied rather than deleted, so a rebind that has to wait is still reported
@@ -82,6 +95,16 @@ while #found == 0 and not built and pages < 16 do  -- still building: the free o
   built = continue_build(site, now)
   found = redis.call('ZRANGEBYSCORE', ready, '-inf', now, 'LIMIT', 0, 1)
   pages = pages + 1
+end
+local url = nil
+local orphans = 0
+while #found > 0 do
+  url = redis.call('HGET', K_PROXIES, id_of(found[1]))
+  if url then break end
+  redis.call('ZREM', ready, found[1])  -- an orphan: its proxy is gone from the pool
+  orphans = orphans + 1
+  if orphans >= ORPHANS_PER_CALL then return {'WAIT', 1, 'pool'} end
+  found = redis.call('ZRANGEBYSCORE', ready, '-inf', now, 'LIMIT', 0, 1)
 end
 if #found == 0 then
   local first = redis.call('ZRANGE', ready, 0, 0, 'WITHSCORES')
@@ -113,4 +136,4 @@ redis.call('ZADD', ready, hold, member)
 redis.call('SET', lease_key(site, member), token .. '|' .. host .. '|' .. istr(now) .. '|' .. sid,
   'PX', lease_ttl)
 count_lease(id)
-return {'OK', id, redis.call('HGET', K_PROXIES, id), member, token, now + ttl, now, session_flag, rebound}
+return remember('lease', token, {'OK', id, url, member, token, now + ttl, now, session_flag, rebound})

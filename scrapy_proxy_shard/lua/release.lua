@@ -23,6 +23,17 @@
 --   {"EXPIRED", now_ms, ban_until_ms, strikes} the lease had expired and nobody holds the slot;
 --        nothing to free; outcome and ban are recorded
 
+-- Arguments are checked before the first write; a repeated call with the same token (a client
+-- retry) answers the first reply again without recording the outcome twice.
+local bad = check_strings({{1, 'site'}, {2, 'member'}, {3, 'token'}, {7, 'host'}, {8, 'session id', true}})
+  or check_args({{5, 'latency ms', -1, MAX_MS}, {6, 'min interval ms', 0, MAX_MS},
+    {9, 'session ttl ms', 1, MAX_MS}, {11, 'ban ttl ms', 1, MAX_MS}, {12, 'ban max ttl ms', 1, MAX_MS},
+    {13, 'jitter', -1, 1, true}, {14, 'strike window ms', 0, MAX_MS}, {15, 'ewma weight', 0, 1, true}})
+if bad then return redis.error_reply(bad) end
+if not id_of(ARGV[2]) then return redis.error_reply('ERR scrapy-proxy-shard: argument member must be <id>/<slot>') end
+local earlier = recall('release', ARGV[3])
+if earlier then return earlier end
+
 local site, member, token, outcome = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local latency = tonumber(ARGV[5])
 local interval = tonumber(ARGV[6])
@@ -97,4 +108,4 @@ elseif outcome == 'error' then
   redis.call('HINCRBY', K_HSTATS, host .. ':err', 1)
   redis.call('HINCRBY', K_SSTATS, site .. ':err', 1)
 end
-return {status, now, ban_until, strikes}
+return remember('release', token, {status, now, ban_until, strikes})

@@ -7,6 +7,12 @@
 --   {"OK", expires_ms}  extended
 --   {"STALE"}           the token no longer holds the slot (expired and re-leased, or expired)
 
+-- Naturally idempotent (a repeat extends to about the same expiry), so no memo; arguments are checked
+-- before the first write.
+local bad = check_strings({{1, 'site'}, {2, 'member'}, {3, 'token'}, {5, 'session id', true}})
+  or check_args({{4, 'ttl ms', 1, MAX_MS}, {6, 'session ttl ms', 1, MAX_MS}})
+if bad then return redis.error_reply(bad) end
+
 local site, member, token = ARGV[1], ARGV[2], ARGV[3]
 local ttl = tonumber(ARGV[4])
 local sid = ARGV[5]

@@ -22,11 +22,7 @@ for _, site in ipairs(sites) do
     local ready = ready_key(site)
     for k = 0, tonumber(c) - 1 do
       local member = id .. '/' .. k
-      local at = blocked_until(site, id)
-      if at < now then at = now end
-      local held = redis.call('PTTL', lease_key(site, member))
-      if held > 0 and now + held > at then at = now + held end
-      redis.call('ZADD', ready, 'XX', at, member)
+      redis.call('ZADD', ready, 'XX', slot_free_at(site, id, member, now), member)
     end
   end
 end
