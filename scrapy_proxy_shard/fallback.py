@@ -207,6 +207,8 @@ class FallbackPoolStore:
             return
         self._snapshot_at[pool] = now
         size = await self.primary.pool_size(pool)
+        if size == 0 and self.snapshot.proxies.get(pool):
+            return  # keep the copy: Redis may have lost the pool (the runtime restores it from this)
         if pool not in self.snapshot.proxies or len(self.snapshot.proxies[pool]) != size:
             self.snapshot.proxies[pool] = [r.proxy for r in await self.primary.list_proxies(pool)]
             self.snapshot.hosts = await self._live_hosts()

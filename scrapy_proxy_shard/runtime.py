@@ -22,7 +22,7 @@ from .engines import build_store, initial_proxies, platform_of, platform_pool
 from .exceptions import NoProxyAvailable, PoolBackendError, ProxyShardError, SettingError, UnknownPoolError
 from .health import HostMonitor
 from .keys import check_name
-from .settings import ShardSettings
+from .settings import MAX_LEASE_TTL, ShardSettings
 from .sites import SiteMap, site_of_request
 from .store import AsyncPoolStore, Lease, LeaseWait, ReleaseResult
 
@@ -32,6 +32,10 @@ logger = logging.getLogger(__name__)
 MAX_BLOCK = 2.0
 #: Seconds a lease outlives its request's download_timeout (release happens right after the response).
 LEASE_MARGIN = 2.0
+#: Shortest pause between two lease calls of one waiting request (seconds): the loop cannot spin.
+MIN_PAUSE = 0.05
+#: How often a waiting request checks whether the crawl is stopping (seconds).
+STOP_POLL = 0.2
 STATS = "proxy_shard"
 
 
@@ -53,6 +57,11 @@ class _Gate:
 
     def __call__(self, key: tuple) -> _GateHold:
         return _GateHold(self, key)
+
+    def idle(self, key: tuple) -> bool:
+        """True when nobody holds or waits for ``key``'s lock (taking it will not suspend)."""
+        entry = self._locks.get(key)
+        return entry is None or not entry[0].locked()
 
 
 class _GateHold:
@@ -95,6 +104,9 @@ class ShardRuntime:
         self._inflight: weakref.WeakKeyDictionary[Request, _InFlight] = weakref.WeakKeyDictionary()
         self._held: dict[str, Lease] = {}
         self._gate = _Gate()
+        self._stopping: asyncio.Event | None = None  # set when the crawl stops (see _stopping_event)
+        self._watcher: asyncio.Future | None = None
+        self._waiters = 0  # requests inside _until; the watcher runs only while there are some
         self._opened = False
         self._monitor: HostMonitor | None = None  # heartbeats + pool log line (health.py)
         self.open_error: ProxyShardError | None = None
@@ -168,6 +180,8 @@ class ShardRuntime:
 
     async def spider_closed(self, spider: Any = None, reason: str | None = None) -> None:
         """Give back every lease still held, then close the Redis connection."""
+        if self._stopping is not None:
+            self._stopping.set()
         leases, self._held = list(self._held.values()), {}
         self._inflight.clear()
         released = 0
@@ -223,36 +237,88 @@ class ShardRuntime:
         return entry.lease if entry else None
 
     async def acquire(self, request: Request, pool: str, site: str, session_id: str | None) -> Lease:
-        """Lease a slot for ``request``, waiting as long as the engine says (bounded by MAX_WAIT)."""
-        s = self.settings
-        opts = s.site_options(site)
-        timeout = request.meta.get("download_timeout")
-        # The lease must outlive the download: Scrapy cancels it after download_timeout.
-        ttl = max(s.lease_ttl, float(timeout) + LEASE_MARGIN) if timeout else s.lease_ttl
+        """Lease a slot for ``request``, waiting as long as the engine says.
+
+        The wait is bounded by ``PROXY_SHARD_MAX_WAIT`` from the moment the request first asked,
+        time spent queued behind other requests of the site (the gate) included, and it ends at once
+        when the crawl stops (the request fails; it is never sent without a proxy).
+        """
         loop = asyncio.get_running_loop()
-        waited = 0.0
-        async with self._gate((pool, site, session_id)):
-            while True:
-                result = await self.store.lease(pool, site, ttl=ttl, concurrency=opts.concurrency,
-                                                session_id=session_id, session_ttl=s.session_ttl)
-                if isinstance(result, Lease):
-                    break
-                remaining = s.max_wait - waited
-                if remaining <= 0:
-                    self.stats.inc_value(f"{STATS}/wait/gave_up")
-                    self.stats.inc_value(f"{STATS}/wait_time", waited)
-                    raise NoProxyAvailable(
-                        f"no proxy of pool {pool!r} became free for site {site!r} within "
-                        f"PROXY_SHARD_MAX_WAIT ({s.max_wait:g}s)"
-                    )
-                if waited == 0.0:
-                    self.stats.inc_value(f"{STATS}/waits")
-                started = loop.time()
-                await self._wait(pool, site, result, remaining)
-                waited += loop.time() - started
-        if waited:
+        asked = loop.time()
+        deadline = asked + self.settings.max_wait
+        ttl = self._lease_ttl(request)
+        key = (pool, site, session_id)
+        gate = self._gate(key)
+        if self._gate.idle(key):
+            await gate.__aenter__()  # uncontended: taken at once, even with PROXY_SHARD_MAX_WAIT = 0
+        else:
+            await self._until(gate.__aenter__(), deadline, pool, site, release=gate.__aexit__)
+        try:
+            result = await self._lease_loop(pool, site, session_id, ttl, deadline)
+        finally:
+            await gate.__aexit__(None, None, None)
+        waited = loop.time() - asked
+        if waited > MIN_PAUSE:
             self.stats.inc_value(f"{STATS}/wait_time", waited)
-        self._inflight[request] = _InFlight(result, loop.time())
+        self._record(request, result, session_id, site)
+        return result
+
+    async def _lease_loop(self, pool: str, site: str, session_id: str | None, ttl: float,
+                          deadline: float) -> Lease:
+        """Ask the store until it hands out a lease; every pass waits at least MIN_PAUSE (cannot spin)."""
+        s = self.settings
+        concurrency = s.site_options(site).concurrency
+        loop = asyncio.get_running_loop()
+        restored = False
+        waits = 0
+        while True:
+            self._check_stopping(pool, site)
+            started = loop.time()
+            try:
+                result = await self.store.lease(pool, site, ttl=ttl, concurrency=concurrency,
+                                                session_id=session_id, session_ttl=s.session_ttl)
+            except UnknownPoolError:
+                if restored or not await self._restore_lost_pool(pool):
+                    raise
+                restored = True
+                continue
+            if isinstance(result, Lease):
+                return result
+            if loop.time() >= deadline:
+                self.stats.inc_value(f"{STATS}/wait/gave_up")
+                raise NoProxyAvailable(
+                    f"no proxy of pool {pool!r} became free for site {site!r} within "
+                    f"PROXY_SHARD_MAX_WAIT ({s.max_wait:g}s)"
+                )
+            if waits == 0:
+                self.stats.inc_value(f"{STATS}/waits")
+            waits += 1
+            await self._until(self._wait(pool, site, result, deadline - loop.time()), deadline, pool, site)
+            rest = MIN_PAUSE / 5 - (loop.time() - started)
+            if rest > 0:  # a wake-up that came at once (a stale freed entry): still not a busy loop
+                await self._until(asyncio.sleep(rest), deadline, pool, site)
+
+    def _lease_ttl(self, request: Request) -> float:
+        """The lease must outlive the download (Scrapy cancels it after ``download_timeout``).
+
+        A bad ``meta['download_timeout']`` fails this request with a clear error, before Redis is asked.
+        """
+        raw = request.meta.get("download_timeout")
+        if not raw:
+            return self.settings.lease_ttl
+        try:
+            timeout = float(raw)
+        except (TypeError, ValueError):
+            timeout = float("nan")
+        if isinstance(raw, bool) or not 0 <= timeout <= MAX_LEASE_TTL - LEASE_MARGIN:
+            raise SettingError(
+                f"meta['download_timeout'] ({raw!r}) of {request.url} must be a number of seconds from 0 to "
+                f"{MAX_LEASE_TTL - LEASE_MARGIN:g}"
+            )
+        return max(self.settings.lease_ttl, timeout + LEASE_MARGIN)
+
+    def _record(self, request: Request, result: Lease, session_id: str | None, site: str) -> None:
+        self._inflight[request] = _InFlight(result, asyncio.get_running_loop().time())
         self._held[result.token] = result
         self.stats.inc_value(f"{STATS}/leases")
         if session_id:
@@ -263,7 +329,105 @@ class ShardRuntime:
                         {"sid": session_id, "site": site, "proxy": result.proxy_id})
             self.crawler.signals.send_catch_log(shard_signals.session_rebound, request=request,
                                                 session_id=session_id, site=site, proxy_id=result.proxy_id)
-        return result
+
+    async def _restore_lost_pool(self, pool: str) -> bool:
+        """Redis lost the pool (FLUSHALL, a restart without persistence, a failover to an empty
+        replica): reload it from this host's snapshot (fallback store) or else from
+        ``PROXY_SHARD_PROXIES``, once per loss across all hosts (restore.lua decides), and say so.
+
+        Returns True when the pool holds proxies again (restored here or by another host just now).
+        """
+        snapshot = getattr(getattr(self.store, "snapshot", None), "proxies", {}).get(pool)
+        proxies = snapshot or initial_proxies(self.settings).get(pool)
+        if not proxies:
+            return False
+        try:
+            restored = await self.store.restore_pool(pool, proxies, warmup=self.settings.fallback_warmup)
+        except PoolBackendError:
+            return False
+        if restored:
+            self.stats.inc_value(f"{STATS}/pool_restored")
+            logger.warning(
+                "proxy_shard: pool %(pool)r was lost by Redis (flushed, restarted empty or failed over); "
+                "restored %(n)d proxies from %(source)s, usable after a %(w)gs warm-up",
+                {"pool": pool, "n": restored, "source": "the snapshot" if snapshot else "PROXY_SHARD_PROXIES",
+                 "w": self.settings.fallback_warmup},
+            )
+            return True
+        return await self.store.pool_size(pool) > 0
+
+    # --- bounded waiting ------------------------------------------------------------------------
+    def _stopping_event(self) -> asyncio.Event:
+        """Set when the crawl stops; a watcher polls for it while any request waits.
+
+        Scrapy 2.19 sends no signal when a graceful stop begins: ``Crawler.stop_async`` (SIGTERM,
+        Ctrl-C) clears ``crawler.crawling`` and ``engine.running`` and ``close_spider_async`` (finished,
+        CloseSpider, our own open error) sets ``engine._slot.closing``, then both wait for every
+        download in progress, a request waiting in ``process_request`` included. ``spider_closed`` and
+        ``engine_stopped`` come only after that, too late, so the flags are watched instead.
+        """
+        if self._stopping is None:
+            self._stopping = asyncio.Event()
+        if self._watcher is None or self._watcher.done():
+            self._watcher = asyncio.ensure_future(self._watch_crawl())
+        return self._stopping
+
+    async def _watch_crawl(self) -> None:
+        while self._stopping is not None and not self._stopping.is_set() and self._waiters:
+            if self._crawl_stopping():
+                self._stopping.set()
+                return
+            await asyncio.sleep(STOP_POLL)
+
+    def _crawl_stopping(self) -> bool:
+        try:
+            engine = self.crawler.engine
+        except (AttributeError, RuntimeError):
+            return False
+        if engine is None:
+            return False  # not crawling under an engine (a test harness)
+        if getattr(self.crawler, "crawling", True) is False or getattr(engine, "running", True) is False:
+            return True
+        return getattr(getattr(engine, "_slot", None), "closing", None) is not None
+
+    def _check_stopping(self, pool: str, site: str) -> None:
+        if (self._stopping is not None and self._stopping.is_set()) or self._crawl_stopping():
+            self.stats.inc_value(f"{STATS}/wait/cancelled_at_stop")
+            raise NoProxyAvailable(
+                f"the crawl is stopping: request for site {site!r} (pool {pool!r}) dropped while it waited "
+                f"for a free proxy (never sent without one)"
+            )
+
+    async def _until(self, awaitable: Any, deadline: float, pool: str, site: str,
+                     release: Callable[..., Any] | None = None) -> Any:
+        """Await ``awaitable`` (a wait, never a lease call: a lease cut off mid-flight would be lost)
+        until ``deadline`` or a stop of the crawl, whichever comes first."""
+        loop = asyncio.get_running_loop()
+        task = asyncio.ensure_future(awaitable)
+        self._waiters += 1
+        stop = asyncio.ensure_future(self._stopping_event().wait())
+        try:
+            done, _ = await asyncio.wait({task, stop}, timeout=max(0.0, deadline - loop.time()),
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self._waiters -= 1
+            stop.cancel()
+        if task in done:
+            return task.result()
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+        else:
+            if release is not None:  # it completed (took the gate) just as we gave up: hand it back
+                await release(None, None, None)
+        self._check_stopping(pool, site)
+        self.stats.inc_value(f"{STATS}/wait/gave_up")
+        raise NoProxyAvailable(
+            f"no proxy of pool {pool!r} became free for site {site!r} within PROXY_SHARD_MAX_WAIT "
+            f"({self.settings.max_wait:g}s, counted from the request's first ask)"
+        )
 
     async def _wait(self, pool: str, site: str, wait: LeaseWait, remaining: float) -> None:
         """Wait as long as the engine said, waking early only when that can help.
@@ -274,8 +438,9 @@ class ShardRuntime:
         than that, nothing can free sooner: sleep exactly (locally: Redis checks blocking timeouts only
         ``hz`` times a second). Otherwise block on the site's freed list, which a release on any host
         wakes, with the reported wait as timeout. A session waits for its own proxy: a plain sleep.
+        Any pause lasts at least MIN_PAUSE, whatever the engine answered (never a busy loop).
         """
-        pause = min(wait.wait, remaining)
+        pause = max(MIN_PAUSE, min(wait.wait, remaining))
         exact = wait.reason == "session" or (
             wait.reason == "pool" and wait.wait <= self.settings.site_options(site).min_interval
         )

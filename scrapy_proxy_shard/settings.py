@@ -62,6 +62,17 @@ MODES = ("auto", "redis", "embedded", "static")
 
 SITE_OPTIONS = ("concurrency", "min_interval")
 
+# Upper bounds (seconds unless said): far above any real use, far below what the Lua scripts' integer
+# ms and Redis expiries can hold (a bigger value used to write half a lease and burn the slot forever).
+MAX_LEASE_TTL = 86400.0  # also bounds DOWNLOAD_TIMEOUT and meta['download_timeout'] + the lease margin
+MAX_SESSION_TTL = 7 * 86400.0
+MAX_WAIT = 86400.0
+MAX_INTERVAL = 86400.0
+MAX_BAN_TTL = 30 * 86400.0
+MAX_STRIKE_WINDOW = 365 * 86400.0
+MAX_CONCURRENCY = 1000  # slots per proxy and site (MAX_CONCURRENCY in lua/_lib.lua)
+MAX_PERIOD = 3600.0  # heartbeat, snapshot, fallback grace and warm-up
+
 
 @dataclass(frozen=True)
 class SiteOptions:
@@ -125,27 +136,27 @@ class ShardSettings:
     def from_settings(cls, settings: Any) -> ShardSettings:
         """Parse a Scrapy Settings object or a plain mapping."""
         get = _getter(settings)
-        download_timeout = _number(get, "DOWNLOAD_TIMEOUT", 180.0, minimum=0.0)
         lease_ttl_raw = get("PROXY_SHARD_LEASE_TTL")
         if lease_ttl_raw is None:
+            download_timeout = _number(get, "DOWNLOAD_TIMEOUT", 180.0, minimum=0.0, maximum=MAX_LEASE_TTL - 30.0)
             lease_ttl = max(60.0, download_timeout + 30.0)
         else:
-            lease_ttl = _number(get, "PROXY_SHARD_LEASE_TTL", None, minimum=0.001)
+            lease_ttl = _number(get, "PROXY_SHARD_LEASE_TTL", None, minimum=0.001, maximum=MAX_LEASE_TTL)
         redis_url = get("PROXY_SHARD_REDIS_URL") or get("REDIS_URL") or None
         if redis_url is not None and not isinstance(redis_url, str):
             raise SettingError(f"PROXY_SHARD_REDIS_URL ({redis_url!r}) must be a redis:// URL string")
         host_id = get("PROXY_SHARD_HOST_ID") or default_host_id()
         if not isinstance(host_id, str) or not host_id.strip() or "|" in host_id:
             raise SettingError(f"PROXY_SHARD_HOST_ID ({host_id!r}) must be a non-empty string without '|'")
-        min_interval = _number(get, "PROXY_SHARD_MIN_INTERVAL", minimum=0.0)
-        concurrency = _integer(get, "PROXY_SHARD_SITE_CONCURRENCY", minimum=1)
-        session_ttl = _number(get, "PROXY_SHARD_SESSION_TTL", minimum=0.001)
+        min_interval = _number(get, "PROXY_SHARD_MIN_INTERVAL", minimum=0.0, maximum=MAX_INTERVAL)
+        concurrency = _integer(get, "PROXY_SHARD_SITE_CONCURRENCY", minimum=1, maximum=MAX_CONCURRENCY)
+        session_ttl = _number(get, "PROXY_SHARD_SESSION_TTL", minimum=0.001, maximum=MAX_SESSION_TTL)
         bans = BanOptions(
-            ttl=_number(get, "PROXY_SHARD_BAN_TTL", minimum=0.001),
-            max_ttl=_number(get, "PROXY_SHARD_BAN_MAX_TTL", minimum=0.001),
+            ttl=_number(get, "PROXY_SHARD_BAN_TTL", minimum=0.001, maximum=MAX_BAN_TTL),
+            max_ttl=_number(get, "PROXY_SHARD_BAN_MAX_TTL", minimum=0.001, maximum=MAX_BAN_TTL),
             jitter=_number(get, "PROXY_SHARD_BAN_JITTER", minimum=0.0, maximum=1.0),
-            strike_window=_number(get, "PROXY_SHARD_BAN_STRIKE_WINDOW", minimum=0.0),
-            dead_ttl=_number(get, "PROXY_SHARD_DEAD_TTL", minimum=0.001),
+            strike_window=_number(get, "PROXY_SHARD_BAN_STRIKE_WINDOW", minimum=0.0, maximum=MAX_STRIKE_WINDOW),
+            dead_ttl=_number(get, "PROXY_SHARD_DEAD_TTL", minimum=0.001, maximum=MAX_BAN_TTL),
         )
         if bans.max_ttl < bans.ttl:
             raise SettingError(
@@ -159,7 +170,7 @@ class ShardSettings:
             pool=_name(get, "PROXY_SHARD_POOL", "pool"),
             host_id=host_id,
             lease_ttl=lease_ttl,
-            max_wait=_number(get, "PROXY_SHARD_MAX_WAIT", minimum=0.0),
+            max_wait=_number(get, "PROXY_SHARD_MAX_WAIT", minimum=0.0, maximum=MAX_WAIT),
             site_concurrency=concurrency,
             min_interval=min_interval,
             session_ttl=session_ttl,
@@ -181,9 +192,9 @@ class ShardSettings:
             platforms=_platforms(get),
             fallback=_boolean(get, "PROXY_SHARD_FALLBACK"),
             redis_down_at_start=_choice(get, "PROXY_SHARD_REDIS_DOWN_AT_START", ("fail", "fallback")),
-            fallback_grace=_number(get, "PROXY_SHARD_FALLBACK_GRACE", minimum=0.0),
-            fallback_warmup=_number(get, "PROXY_SHARD_FALLBACK_WARMUP", minimum=0.0),
-            snapshot_interval=_number(get, "PROXY_SHARD_SNAPSHOT_INTERVAL", minimum=0.1),
+            fallback_grace=_number(get, "PROXY_SHARD_FALLBACK_GRACE", minimum=0.0, maximum=MAX_PERIOD),
+            fallback_warmup=_number(get, "PROXY_SHARD_FALLBACK_WARMUP", minimum=0.0, maximum=MAX_PERIOD),
+            snapshot_interval=_number(get, "PROXY_SHARD_SNAPSHOT_INTERVAL", minimum=0.1, maximum=MAX_PERIOD),
         )
 
     def site_options(self, site: str) -> SiteOptions:
@@ -296,8 +307,8 @@ def _sites(get, concurrency: int, min_interval: float) -> dict[str, SiteOptions]
             return _sub.get(key.rsplit(".", 1)[-1], default)
 
         prefix = f"PROXY_SHARD_SITES[{site!r}]"
-        c = _integer(site_get, f"{prefix}.concurrency", concurrency, minimum=1)
-        i = _number(site_get, f"{prefix}.min_interval", min_interval, minimum=0.0)
+        c = _integer(site_get, f"{prefix}.concurrency", concurrency, minimum=1, maximum=MAX_CONCURRENCY)
+        i = _number(site_get, f"{prefix}.min_interval", min_interval, minimum=0.0, maximum=MAX_INTERVAL)
         key = site if "." not in site else registrable_domain(site)
         out[key] = SiteOptions(c, i)
     return out
@@ -417,18 +428,18 @@ def _platforms(get) -> dict[str, tuple[str, ...]]:
 
 def _health(get) -> dict[str, float]:
     """Heartbeat, host TTL and log line intervals (health.py): a host TTL must outlast a few beats."""
-    interval = _number(get, "PROXY_SHARD_HEARTBEAT_INTERVAL", minimum=0.01)
+    interval = _number(get, "PROXY_SHARD_HEARTBEAT_INTERVAL", minimum=0.01, maximum=MAX_PERIOD)
     if get("PROXY_SHARD_HOST_TTL") is None:
         host_ttl = max(30.0, 3 * interval)
     else:
-        host_ttl = _number(get, "PROXY_SHARD_HOST_TTL", minimum=0.01)
+        host_ttl = _number(get, "PROXY_SHARD_HOST_TTL", minimum=0.01, maximum=MAX_LEASE_TTL)
         if host_ttl <= interval:
             raise SettingError(
                 f"PROXY_SHARD_HOST_TTL ({host_ttl!r}) must be longer than PROXY_SHARD_HEARTBEAT_INTERVAL "
                 f"({interval!r}), or every host would age out between two heartbeats"
             )
     return {"heartbeat_interval": interval, "host_ttl": host_ttl,
-            "logstats_interval": _number(get, "PROXY_SHARD_LOGSTATS_INTERVAL", minimum=0.0)}
+            "logstats_interval": _number(get, "PROXY_SHARD_LOGSTATS_INTERVAL", minimum=0.0, maximum=MAX_LEASE_TTL)}
 
 
 def _sentinels(get) -> tuple[tuple[str, int], ...]:
