@@ -1,0 +1,346 @@
+"""Issue 8, engine items: never a lease without a URL, never a slot twice, never a script run twice,
+a pool lost by Redis comes back, waits are bounded from the first ask and end at a stop, and no
+argument can make a script write half its work.
+
+Redis-backed tests use a real redis-server (fixtures in conftest.py); the store contract parts run
+on fakeredis (the embedded engine) and the 3-master Cluster as well.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import sys
+import threading
+import time
+
+import pytest
+import redis
+import redis.asyncio
+from scrapy import Request, Spider
+from scrapy.utils.test import get_crawler
+
+from scrapy_proxy_shard.exceptions import NoProxyAvailable, PoolBackendError, SettingError, UnknownPoolError
+from scrapy_proxy_shard.middlewares import ProxyShardMiddleware
+from scrapy_proxy_shard.proxies import make_proxy
+from scrapy_proxy_shard.runtime import MIN_PAUSE
+from scrapy_proxy_shard.scripts import register_all
+from scrapy_proxy_shard.settings import ShardSettings
+from scrapy_proxy_shard.store import Lease, LeaseWait, PoolStore
+
+POOL = "main"
+URLS = ["http://10.0.0.1:8000", "http://10.0.0.2:8000", "http://user:Pa55word@10.0.0.3:8000"]
+IDS = [make_proxy(u).id for u in URLS]
+
+
+def leased(result) -> Lease:
+    assert isinstance(result, Lease), result
+    return result
+
+
+# --- item 2: a lease never comes without a URL ------------------------------------------------------
+
+def test_orphan_ready_member_is_dropped_never_leased_without_url(store, backend):
+    store.add_proxies(POOL, URLS[:2])
+    store.release(leased(store.lease(POOL, "a.example", ttl=5)), min_interval=0)  # builds the site
+    backend.hdel(store.prefix(POOL) + ":proxies", IDS[0])  # evicted / lost in a failover
+    lease = leased(store.lease(POOL, "a.example", ttl=5))
+    assert lease.proxy_id == IDS[1] and lease.proxy_url == URLS[1]
+    assert backend.zscore(store.prefix(POOL) + ":ready:a.example", f"{IDS[0]}/0") is None  # dropped
+    backend.hdel(store.prefix(POOL) + ":proxies", IDS[1])
+    with pytest.raises(UnknownPoolError):
+        store.lease(POOL, "b.example", ttl=5)
+
+
+def test_a_lease_cannot_be_built_without_a_url():
+    with pytest.raises(PoolBackendError, match="without a URL"):
+        Lease(pool=POOL, site="a", proxy_id=IDS[0], proxy_url=None, member=f"{IDS[0]}/0", token="t",
+              expires_at=1.0, issued_at=0.0)
+
+
+# --- item 4: remove + add of a held proxy ------------------------------------------------------------
+
+def test_removed_and_re_added_proxy_keeps_its_held_slot_and_session(store):
+    store.add_proxies(POOL, URLS[:1])
+    plain = leased(store.lease(POOL, "a.example", ttl=5))
+    sticky = leased(store.lease(POOL, "b.example", ttl=5, session_id="s1", session_ttl=30))
+    store.release(sticky, min_interval=0)  # the session still binds the proxy on b.example
+    store.remove_proxies(POOL, URLS[:1])
+    store.add_proxies(POOL, URLS[:1])
+    assert isinstance(store.lease(POOL, "a.example", ttl=5), LeaseWait)
+    assert isinstance(store.lease(POOL, "b.example", ttl=5), LeaseWait)
+    assert store.release(plain).status == "ok"
+    assert leased(store.lease(POOL, "a.example", ttl=5)).proxy_id == IDS[0]  # free once released
+
+
+def test_remove_add_cycles_under_load_never_overlap(redis_server):
+    """Four threads lease and release on one site while a fifth removes and re-adds every proxy."""
+    admin = PoolStore(redis.Redis.from_url(redis_server.url, decode_responses=True), namespace="load")
+    admin.client.flushall()
+    admin.add_proxies(POOL, URLS)
+    holding: dict[str, str] = {}
+    overlaps: list[str] = []
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def worker(n: int) -> None:
+        store = PoolStore(redis.Redis.from_url(redis_server.url, decode_responses=True), namespace="load",
+                          host_id=f"w{n}")
+        while not stop.is_set():
+            try:
+                result = store.lease(POOL, "a.example", ttl=5, session_id=f"s{n}" if n == 0 else None)
+            except UnknownPoolError:  # between a remove and the add
+                result = None
+            if not isinstance(result, Lease):
+                time.sleep(0.002)
+                continue
+            with lock:
+                if result.proxy_id in holding:
+                    overlaps.append(result.proxy_id)
+                holding[result.proxy_id] = result.token
+            time.sleep(0.003)
+            with lock:
+                holding.pop(result.proxy_id, None)
+            store.release(result, min_interval=0)
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        for _ in range(40):
+            admin.remove_proxies(POOL, URLS)
+            time.sleep(0.005)
+            admin.add_proxies(POOL, URLS)
+            time.sleep(0.01)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert admin.counters(POOL, "hstats"), "the workers leased nothing"
+    assert overlaps == []
+
+
+# --- item 5: a script resent by the client runs once -------------------------------------------------
+
+def _stall_then(redis_server, call, seconds=0.45):
+    """Run ``call`` with a 0.3 s socket timeout and retry_on_timeout (one resend) while Redis sleeps
+    ``seconds``: the first send times out, the resend gets the reply, and Redis ran both."""
+    client = redis.Redis.from_url(redis_server.url, decode_responses=True, socket_timeout=0.3,
+                                  retry_on_timeout=True)
+    client.ping()
+    other = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    sleeper = threading.Thread(target=lambda: other.execute_command("DEBUG", "SLEEP", seconds))
+    sleeper.start()
+    time.sleep(0.05)
+    try:
+        return call(client)
+    finally:
+        sleeper.join()
+
+
+def test_lease_release_and_session_resent_after_a_timeout_run_once(real_redis, redis_server):
+    admin = PoolStore(real_redis, namespace="t")
+    admin.add_proxies(POOL, URLS[:2])
+
+    def lease(client, **kw):
+        return PoolStore(client, namespace="t").lease(POOL, "a.example", ttl=30, **kw)
+
+    first = leased(_stall_then(redis_server, lease))
+    second = leased(admin.lease(POOL, "a.example", ttl=30))  # the other proxy is still free
+    assert second.proxy_id != first.proxy_id
+    assert int(real_redis.hget(admin.prefix(POOL) + ":pstats", f"{first.proxy_id}:l")) == 1
+
+    result = _stall_then(redis_server, lambda c: PoolStore(c, namespace="t").release(first))
+    assert result.status == "ok"
+    assert admin.counters(POOL).get("expired", 0) == 0
+    assert admin.counters(POOL, "sstats")["a.example:ok"] == 1
+
+    session = leased(_stall_then(redis_server, lambda c: lease(c, session_id="s", session_ttl=60)))
+    assert session.proxy_id == first.proxy_id
+    admin.release(session, min_interval=0)
+    again = leased(admin.lease(POOL, "a.example", ttl=30, session_id="s", session_ttl=60))
+    assert again.proxy_id == session.proxy_id  # not waiting on a ghost use of its own session
+
+
+def test_a_repeated_token_answers_the_first_reply(store):
+    store.add_proxies(POOL, URLS)
+    same = PoolStore(store.client, namespace="t", token_factory=lambda: "fixedtoken")
+    first = leased(same.lease(POOL, "a.example", ttl=5))
+    assert leased(same.lease(POOL, "a.example", ttl=5)) == first
+    assert leased(store.lease(POOL, "a.example", ttl=5)).proxy_id != first.proxy_id
+
+
+# --- item 6: a pool lost by Redis is restored ----------------------------------------------------------
+
+class _Spider(Spider):
+    name = "trust"
+
+
+def _runtime(settings: dict):
+    crawler = get_crawler(_Spider, {"PROXY_SHARD_NAMESPACE": "t", "PROXY_SHARD_MIN_INTERVAL": 0,
+                                    "PROXY_SHARD_HOST_ID": "h1", "PROXY_SHARD_FALLBACK_WARMUP": 0.2,
+                                    **settings})
+    spider = _Spider.from_crawler(crawler)
+    crawler.spider = spider
+    return ProxyShardMiddleware.from_crawler(crawler).runtime, spider
+
+
+@pytest.mark.parametrize("fallback", [True, False])
+def test_flushed_redis_is_restored_and_the_lease_retried(real_redis, redis_server, fallback):
+    settings = {"PROXY_SHARD_REDIS_URL": redis_server.url, "PROXY_SHARD_FALLBACK": fallback}
+    if fallback:
+        PoolStore(real_redis, namespace="t").add_proxies(POOL, URLS)  # the snapshot is the only copy
+    else:
+        settings["PROXY_SHARD_PROXIES"] = URLS
+    settings["PROXY_SHARD_POOL"] = POOL
+    runtime, spider = _runtime(settings)
+
+    async def go():
+        await runtime.spider_opened(spider)
+        try:
+            first = await runtime.acquire(Request("http://a.example/1"), POOL, "a.example", None)
+            assert first.proxy_url in URLS  # the snapshot is taken while Redis serves
+            real_redis.flushall()
+            lease = await runtime.acquire(Request("http://a.example/2"), POOL, "a.example", None)
+            assert lease.proxy_url in URLS
+            return await runtime.store.pool_size(POOL)
+        finally:
+            await runtime.spider_closed(spider)
+
+    assert asyncio.run(go()) == len(URLS)
+    assert runtime.stats.get_value("proxy_shard/pool_restored") == 1
+
+
+def test_a_pool_drained_by_the_operator_is_not_restored(store):
+    store.add_proxies(POOL, URLS)
+    store.remove_proxies(POOL, URLS)
+    assert store.restore_pool(POOL, URLS) == 0
+    assert store.pool_size(POOL) == 0
+    store.client.flushall()
+    assert store.restore_pool(POOL, URLS, warmup=5) == 3
+    wait = store.lease(POOL, "a.example", ttl=5)
+    assert isinstance(wait, LeaseWait) and 4 < wait.wait <= 5  # in-flight requests finish first
+
+
+# --- item 7: bounded from the first ask, and ended by a stop ----------------------------------------------
+
+def _held_pool_runtime(redis_server, real_redis, max_wait):
+    PoolStore(real_redis, namespace="t").add_proxies(POOL, URLS[:1])
+    runtime, spider = _runtime({"PROXY_SHARD_REDIS_URL": redis_server.url, "PROXY_SHARD_POOL": POOL,
+                                "PROXY_SHARD_MAX_WAIT": max_wait, "PROXY_SHARD_FALLBACK": False})
+    return runtime, spider
+
+
+def test_queued_requests_give_up_max_wait_after_they_first_asked(real_redis, redis_server):
+    runtime, spider = _held_pool_runtime(redis_server, real_redis, 0.6)
+
+    async def go():
+        await runtime.spider_opened(spider)
+        try:
+            await runtime.acquire(Request("http://a.example/held"), POOL, "a.example", None)
+            started = time.monotonic()
+            results = await asyncio.gather(
+                *(runtime.acquire(Request(f"http://a.example/{i}"), POOL, "a.example", None) for i in range(8)),
+                return_exceptions=True)
+            return time.monotonic() - started, results
+        finally:
+            await runtime.spider_closed(spider)
+
+    elapsed, results = asyncio.run(go())
+    assert all(isinstance(r, NoProxyAvailable) for r in results), results
+    assert elapsed < 3 * 0.6  # 8 x 0.6 s when each clock started only behind the gate
+
+
+class _Engine:
+    running = True
+
+
+def test_waiting_requests_fail_promptly_when_the_crawl_stops(real_redis, redis_server):
+    runtime, spider = _held_pool_runtime(redis_server, real_redis, 60)
+    engine = _Engine()
+
+    async def go():
+        await runtime.spider_opened(spider)
+        runtime.crawler.engine, runtime.crawler.crawling = engine, True
+        try:
+            await runtime.acquire(Request("http://a.example/held"), POOL, "a.example", None)
+            waiting = [asyncio.ensure_future(runtime.acquire(Request(f"http://a.example/{i}"), POOL, "a.example",
+                                                             None)) for i in range(3)]
+            await asyncio.sleep(0.3)
+            assert not any(w.done() for w in waiting)
+            runtime.crawler.crawling = engine.running = False  # what Crawler.stop_async does first (SIGTERM)
+            started = time.monotonic()
+            results = await asyncio.gather(*waiting, return_exceptions=True)
+            return time.monotonic() - started, results
+        finally:
+            runtime.crawler.engine = None
+            await runtime.spider_closed(spider)
+
+    elapsed, results = asyncio.run(go())
+    assert all(isinstance(r, NoProxyAvailable) and "stopping" in str(r) for r in results), results
+    assert elapsed < 5  # not the 60 s PROXY_SHARD_MAX_WAIT
+
+
+# --- item 8: no partial writes, no spinning -----------------------------------------------------------------
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("PROXY_SHARD_LEASE_TTL", 9e15), ("PROXY_SHARD_SITE_CONCURRENCY", 4000), ("PROXY_SHARD_SESSION_TTL", 1e12),
+    ("PROXY_SHARD_MIN_INTERVAL", 1e10), ("PROXY_SHARD_MAX_WAIT", 1e9), ("PROXY_SHARD_BAN_TTL", 1e12),
+    ("DOWNLOAD_TIMEOUT", 1e10),
+])
+def test_settings_refuse_values_the_scripts_cannot_hold(name, value):
+    with pytest.raises(SettingError, match=name):
+        ShardSettings.from_settings({name: value, "PROXY_SHARD_BAN_MAX_TTL": 1e12 if "BAN" in name else None})
+
+
+def test_scripts_refuse_bad_arguments_before_any_write(store, backend):
+    store.add_proxies(POOL, URLS[:1])
+    scripts = register_all(backend)
+    prefix = store.prefix(POOL)
+    before = sorted(backend.keys("*")) if hasattr(backend, "keys") else None
+    for args in (("a.example", 1, 9 * 10**15, "tok", "h", "", 600000),  # SET PX would overflow
+                 ("a.example", 4000, 5000, "tok", "h", "", 600000),  # unpack overflow
+                 ("a.example", 1, "nan", "tok", "h", "", 600000)):
+        with pytest.raises(redis.ResponseError, match="scrapy-proxy-shard"):
+            scripts["lease"](keys=(prefix,), args=args)
+    assert sorted(backend.keys("*")) == before
+    with pytest.raises(ValueError, match="ttl"):
+        store.lease(POOL, "a.example", ttl=sys.maxsize)
+    leased(store.lease(POOL, "a.example", ttl=5))  # nothing was burnt
+
+
+def test_the_highest_allowed_concurrency_builds_a_site(store):
+    store.add_proxies(POOL, URLS)
+    lease = leased(store.lease(POOL, "a.example", ttl=5, concurrency=1000))
+    for _ in range(3):  # each call adds one more page (one proxy = 1000 slots here) while building
+        leased(store.lease(POOL, "a.example", ttl=5, concurrency=1000))
+    assert store.site_state(POOL, "a.example").slots == 3000
+    assert lease.proxy_url in URLS
+
+
+@pytest.mark.parametrize("timeout", ["abc", -1, math.nan, math.inf, sys.maxsize, True])
+def test_a_bad_download_timeout_fails_that_request_clearly(timeout):
+    runtime, _ = _runtime({"PROXY_SHARD_MODE": "embedded"})
+    request = Request("http://a.example/", meta={"download_timeout": timeout})
+    with pytest.raises(SettingError, match=r"meta\['download_timeout'\]"):
+        runtime._lease_ttl(request)
+
+
+class _NegativeWaitStore:
+    """A store whose every answer is a negative wait, as a half-written lease used to give."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def lease(self, *args, **kwargs):
+        self.calls += 1
+        return LeaseWait(-5.0, "pool")
+
+
+def test_the_wait_loop_cannot_spin():
+    runtime, _ = _runtime({"PROXY_SHARD_MODE": "embedded", "PROXY_SHARD_MAX_WAIT": 0.5})
+    fake = _NegativeWaitStore()
+    runtime._store = fake
+    with pytest.raises(NoProxyAvailable):
+        asyncio.run(runtime.acquire(Request("http://a.example/"), POOL, "a.example", None))
+    assert fake.calls <= 0.5 / MIN_PAUSE + 2  # thousands before
