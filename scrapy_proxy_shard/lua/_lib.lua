@@ -84,13 +84,24 @@ end
 -- client retry (socket_timeout x retries), so a resent EVALSHA gets the same answer and writes nothing.
 local MEMO_MS = 60000
 local function memo_key(op, token) return P .. ':done:' .. op .. ':' .. token end
-local function recall(op, token)
+-- A reply holding a proxy URL is kept without it (URLs with credentials live in P:proxies only):
+-- `url_at` is the URL's index and `url_at - 1` the proxy id's; recall looks the URL up again, and
+-- answers a short WAIT if the proxy was removed meanwhile (never an OK without a URL).
+local function recall(op, token, url_at)
   local v = redis.call('GET', memo_key(op, token))
-  if v then return cjson.decode(v) end
-  return nil
+  if not v then return nil end
+  local reply = cjson.decode(v)
+  if url_at then
+    reply[url_at] = redis.call('HGET', K_PROXIES, reply[url_at - 1])
+    if not reply[url_at] then return {'WAIT', 1, 'pool'} end
+  end
+  return reply
 end
-local function remember(op, token, reply)
-  redis.call('SET', memo_key(op, token), cjson.encode(reply), 'PX', MEMO_MS)
+local function remember(op, token, reply, url_at)
+  local kept = {}
+  for i, x in ipairs(reply) do kept[i] = x end
+  if url_at then kept[url_at] = '' end
+  redis.call('SET', memo_key(op, token), cjson.encode(kept), 'PX', MEMO_MS)
   return reply
 end
 

@@ -14,6 +14,10 @@ local bad = check_strings({{1, 'site'}, {2, 'member'}, {5, 'token'}, {6, 'host'}
   or check_args({{3, 'concurrency', 1, MAX_CONCURRENCY}, {4, 'ttl ms', 1, MAX_MS}})
 if bad then return redis.error_reply(bad) end
 local earlier = recall('hold', ARGV[5])
+if earlier then
+  earlier[4] = redis.call('HGET', K_PROXIES, id_of(ARGV[2]) or '')
+  if not earlier[4] then return {'UNKNOWN'} end
+end
 if earlier then return earlier end
 
 local site, member = ARGV[1], ARGV[2]
@@ -32,4 +36,4 @@ redis.call('ZADD', ready, now + ttl, member)
 redis.call('SET', lease_key(site, member), token .. '|' .. host .. '|' .. istr(now) .. '|', 'PX', ttl)
 redis.call('HINCRBY', K_PSTATS, id_of(member) .. ':l', 1)
 redis.call('HINCRBY', K_HSTATS, host .. ':l', 1)
-return remember('hold', token, {'OK', now + ttl, now, url})
+return remember('hold', token, {'OK', now + ttl, now, url}, 4)

@@ -28,7 +28,7 @@ local bad = check_strings({{1, 'site'}, {4, 'token'}, {5, 'host'}, {6, 'session 
   or check_args({{2, 'concurrency', 1, MAX_CONCURRENCY}, {3, 'lease ttl ms', 1, MAX_MS},
     {7, 'session ttl ms', 1, MAX_MS}})
 if bad then return redis.error_reply(bad) end
-local earlier = recall('lease', ARGV[4])
+local earlier = recall('lease', ARGV[4], 3)
 if earlier then return earlier end
 
 local ORPHANS_PER_CALL = 16
@@ -68,7 +68,7 @@ if sid ~= '' then
       redis.call('ZADD', ready, 'XX', now + session_ttl, member)
       count_lease(id)
       return remember('lease', token,
-        {'OK', id, redis.call('HGET', K_PROXIES, id), member, token, now + ttl, now, 1, 0})
+        {'OK', id, redis.call('HGET', K_PROXIES, id), member, token, now + ttl, now, 1, 0}, 3)
     end
     -- The session's proxy is banned, dead or removed: free its slot and bind a new proxy below.
     -- The binding is emptied rather than deleted, so a rebind that has to wait is still reported
@@ -136,4 +136,4 @@ redis.call('ZADD', ready, hold, member)
 redis.call('SET', lease_key(site, member), token .. '|' .. host .. '|' .. istr(now) .. '|' .. sid,
   'PX', lease_ttl)
 count_lease(id)
-return remember('lease', token, {'OK', id, url, member, token, now + ttl, now, session_flag, rebound})
+return remember('lease', token, {'OK', id, url, member, token, now + ttl, now, session_flag, rebound}, 3)
