@@ -46,6 +46,8 @@ def test_orphan_ready_member_is_dropped_never_leased_without_url(store, backend)
     backend.hdel(store.prefix(POOL) + ":proxies", IDS[0])  # evicted / lost in a failover
     lease = leased(store.lease(POOL, "a.example", ttl=5))
     assert lease.proxy_id == IDS[1] and lease.proxy_url == URLS[1]
+    wait = store.lease(POOL, "a.example", ttl=5)  # only the orphan looks free: dropped, not leased
+    assert isinstance(wait, LeaseWait) and wait.reason == "held"
     assert backend.zscore(store.prefix(POOL) + ":ready:a.example", f"{IDS[0]}/0") is None  # dropped
     backend.hdel(store.prefix(POOL) + ":proxies", IDS[1])
     with pytest.raises(UnknownPoolError):
