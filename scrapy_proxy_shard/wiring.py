@@ -82,16 +82,20 @@ def check_wiring(settings: Any) -> list[str]:
             raise WiringError(f"DOWNLOADER_MIDDLEWARES does not enable {_short(path)}: add {_fix(path)}")
         ours[path] = found[0][1]
     lease, ban, guard = ours[LEASE_MIDDLEWARE], ours[BAN_MIDDLEWARE], ours[GUARD_MIDDLEWARE]
-    for other, order in _orders_of(enabled, HTTP_PROXY):
+    # Each constraint names the most binding conflict, so that the number it suggests fixes them all.
+    for other, order in sorted(_orders_of(enabled, HTTP_PROXY), key=lambda o: o[1]):
         if not lease < order:
             raise WiringError(_order_problem(LEASE_MIDDLEWARE, lease, "before", other, order))
-    for other, order in [(LEASE_MIDDLEWARE, lease)] + [o for p in AFTER_BAN_DETECTION for o in _orders_of(enabled, p)]:
+    before_ban = [(LEASE_MIDDLEWARE, lease)] + [o for p in AFTER_BAN_DETECTION for o in _orders_of(enabled, p)]
+    for other, order in sorted(before_ban, key=lambda o: -o[1]):
         if not ban > order:
             raise WiringError(_order_problem(BAN_MIDDLEWARE, ban, "after", other, order))
     base = {load_object(k) if isinstance(k, str) else k for k in settings.getdict("DOWNLOADER_MIDDLEWARES_BASE")}
-    for cls, order in enabled.items():
-        if (cls in base or _path(cls) in (LEASE_MIDDLEWARE, BAN_MIDDLEWARE)) and not guard > order:
-            raise WiringError(_order_problem(GUARD_MIDDLEWARE, guard, "after", _path(cls), order))
+    before_guard = [(_path(cls), order) for cls, order in enabled.items()
+                    if cls in base or _path(cls) in (LEASE_MIDDLEWARE, BAN_MIDDLEWARE)]
+    for other, order in sorted(before_guard, key=lambda o: -o[1]):
+        if not guard > order:
+            raise WiringError(_order_problem(GUARD_MIDDLEWARE, guard, "after", other, order))
     return [
         f"{_path(cls)} ({order:g}) runs after {_short(GUARD_MIDDLEWARE)} ({guard:g}): a proxy it changes "
         f"is not checked; give it a number below {guard:g}"
