@@ -1,24 +1,26 @@
-"""Scrapy add-on: ``ADDONS = {"scrapy_proxy_shard.addon.ProxyShardAddon": 0}`` enables both middlewares.
+"""Scrapy add-on: ``ADDONS = {"scrapy_proxy_shard.addon.ProxyShardAddon": 0}`` enables the middlewares.
 
-An alternative to editing ``DOWNLOADER_MIDDLEWARES`` by hand; explicit entries there win.
+It adds the lease, ban-detection and guard middlewares to ``DOWNLOADER_MIDDLEWARES`` *whatever the
+priority of that setting* (a project's settings.py, a spider's ``custom_settings``), through
+Scrapy's ``setdefault_in_component_priority_dict`` (Scrapy >= 2.13): an entry the user wrote for
+one of them, even ``None`` to disable it, wins. Setting the whole dict at add-on priority instead
+would lose to any project-level ``DOWNLOADER_MIDDLEWARES`` and silently load nothing.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-LEASE_MIDDLEWARE = "scrapy_proxy_shard.middlewares.ProxyShardMiddleware"
-BAN_MIDDLEWARE = "scrapy_proxy_shard.middlewares.BanDetectionMiddleware"
-#: Before HttpProxyMiddleware (750), which turns URL credentials into Proxy-Authorization; the ban
-#: detector's process_response runs before Redirect (600), HttpCompression (590) and Retry (550).
-PRIORITIES = {LEASE_MIDDLEWARE: 610, BAN_MIDDLEWARE: 620}
+from scrapy.utils.misc import load_object
+
+from .wiring import BAN_MIDDLEWARE, GUARD_MIDDLEWARE, LEASE_MIDDLEWARE, PRIORITIES
+
+__all__ = ["BAN_MIDDLEWARE", "GUARD_MIDDLEWARE", "LEASE_MIDDLEWARE", "PRIORITIES", "ProxyShardAddon"]
 
 
 class ProxyShardAddon:
-    """Insert the lease and ban-detection middlewares at their default priorities."""
+    """Insert the plugin's downloader middlewares at their default orders unless already listed."""
 
     def update_settings(self, settings: Any) -> None:
-        middlewares = settings.getdict("DOWNLOADER_MIDDLEWARES")
         for path, priority in PRIORITIES.items():
-            middlewares.setdefault(path, priority)
-        settings.set("DOWNLOADER_MIDDLEWARES", middlewares, priority="addon")
+            settings.setdefault_in_component_priority_dict("DOWNLOADER_MIDDLEWARES", load_object(path), priority)

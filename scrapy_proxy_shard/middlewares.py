@@ -1,10 +1,13 @@
-"""The two downloader middlewares: thin wiring between Scrapy and the runtime/policy.
+"""The downloader middlewares: thin wiring between Scrapy and the runtime/policy.
 
 ``ProxyShardMiddleware`` (610, before ``HttpProxyMiddleware`` at 750, which turns URL credentials
 into ``Proxy-Authorization``) leases a proxy slot for every request and releases it with the
 outcome. ``BanDetectionMiddleware`` (620: its ``process_response`` runs before Redirect at 600,
 HttpCompression at 590 and Retry at 550) judges each response or exception, quarantines banned
 proxies for every host at once and retries the request through another proxy.
+``ProxyShardGuardMiddleware`` (950, after every built-in) is the last line: a request the plugin is
+responsible for that reaches it without the proxy leased for it is dropped, never sent (wiring.py
+checks the orders at start).
 
 Each leased request gets its own Scrapy download slot, ``<site>|<proxy id>``: the lease already
 enforces per-(proxy, site) concurrency and pacing, so a per-domain slot
@@ -17,16 +20,19 @@ from __future__ import annotations
 
 import logging
 from typing import Any
+from urllib.parse import urlsplit
 
 from scrapy import Request, Spider
 from scrapy.exceptions import IgnoreRequest, NotConfigured
 from scrapy.http import Response
 from scrapy.utils.misc import build_from_crawler, load_object
 
-from .exceptions import ProxyBanned, SettingError
+from .exceptions import ProxyBanned, ProxyShardError, SettingError, UnknownPoolError
 from .policy import FINE, Verdict
+from .proxies import mask
 from .runtime import STATS, ShardRuntime
 from .settings import ShardSettings
+from .startup import StartupGate
 
 logger = logging.getLogger(__name__)
 
@@ -36,43 +42,67 @@ OWN_PROXY = "_proxy_shard_proxy"
 OWN_SLOT = "_proxy_shard_slot"
 
 
-def _enabled_runtime(crawler: Any) -> ShardRuntime:
-    """The crawler's runtime; NotConfigured only when switched off.
+class RequestNotLeased(IgnoreRequest):
+    """A request the plugin is responsible for could not get (or lost) its leased proxy: dropped."""
 
-    A bad setting raises SettingError (a ValueError) and stops the crawl at start: disabling the
-    middleware instead would silently send every request from the host's own IP.
+
+def _enabled_runtime(crawler: Any) -> ShardRuntime | None:
+    """The crawler's runtime; None when the plugin cannot start; NotConfigured only when switched off.
+
+    A bad setting does not disable the middleware (that would silently send every request from the
+    host's own IP): the start-up gate logs it, stops the crawl at open and makes it exit non-zero,
+    and the middlewares refuse every request meanwhile.
     """
-    settings = ShardSettings.from_settings(crawler.settings)
-    if not settings.enabled:
-        raise NotConfigured("PROXY_SHARD_ENABLED is False")
-    return ShardRuntime.for_crawler(crawler)
+    gate = StartupGate.for_crawler(crawler)
+    try:
+        settings = ShardSettings.from_settings(crawler.settings)
+        if not settings.enabled:
+            raise NotConfigured("PROXY_SHARD_ENABLED is False")
+        runtime = ShardRuntime.for_crawler(crawler)
+    except ProxyShardError as exc:
+        gate.fail(exc)
+        return None
+    return None if gate.error is not None else runtime
+
+
+def _user_proxy(meta: dict) -> bool:
+    """A request the plugin leaves alone: opted out, or a proxy the user set in meta."""
+    return bool(meta.get("proxy_shard_skip")) or ("proxy" in meta and OWN_PROXY not in meta)
 
 
 class ProxyShardMiddleware:
     """Lease a proxy for every request from the shared pool; release it when the request ends."""
 
-    def __init__(self, runtime: ShardRuntime) -> None:
+    def __init__(self, runtime: ShardRuntime | None, crawler: Any = None) -> None:
         self.runtime = runtime
-        self.crawler = runtime.crawler
+        self.crawler = runtime.crawler if runtime is not None else crawler
 
     @classmethod
     def from_crawler(cls, crawler: Any) -> ProxyShardMiddleware:
-        return cls(_enabled_runtime(crawler))
+        return cls(_enabled_runtime(crawler), crawler)
 
     async def process_request(self, request: Request, spider: Spider | None = None) -> None:
         meta = request.meta
-        if meta.get("proxy_shard_skip") or ("proxy" in meta and OWN_PROXY not in meta):
+        if self.runtime is None:
+            raise RequestNotLeased("scrapy-proxy-shard could not start (see the 'cannot start' line)")
+        if _user_proxy(meta):
             self.runtime.stats.inc_value(f"{STATS}/skipped")
+            self.runtime.left_alone.add(request)
             return None
         if self.runtime.open_error is not None:
             raise self.runtime.open_error
         if self.runtime.lease_of(request) is not None:
             return None  # already leased (a middleware returned this same request object again)
         spider = spider or getattr(self.crawler, "spider", None)
-        pool = self.runtime.pool_for(request, spider)
-        site = self.runtime.sites.key_for_request(request)
-        session = meta.get("session_id")
-        lease = await self.runtime.acquire(request, pool, site, str(session) if session is not None else None)
+        try:
+            pool = self.runtime.pool_for(request, spider)
+            site = self.runtime.sites.key_for_request(request)
+            session = meta.get("session_id")
+            lease = await self.runtime.acquire(request, pool, site, str(session) if session is not None else None)
+        except (UnknownPoolError, SettingError) as exc:
+            self.runtime.stats.inc_value(f"{STATS}/pool_errors")
+            logger.error("proxy_shard: %(url)s not sent: %(e)s", {"url": request.url, "e": exc})
+            raise RequestNotLeased(f"{request.url}: {exc}") from None
         meta["proxy"] = lease.proxy_url
         meta[OWN_PROXY] = lease.proxy_id
         meta["proxy_shard_proxy_id"] = lease.proxy_id
@@ -82,37 +112,42 @@ class ProxyShardMiddleware:
 
     async def process_response(self, request: Request, response: Response,
                                spider: Spider | None = None) -> Response:
-        await self.runtime.finish(request, "ok" if response.status < 400 else "unknown")
+        if self.runtime is not None:
+            await self.runtime.finish(request, "ok" if response.status < 400 else "unknown")
         return response
 
     async def process_exception(self, request: Request, exception: Exception,
                                 spider: Spider | None = None) -> None:
-        await self.runtime.finish(request, "error", reason=type(exception).__name__)
+        if self.runtime is not None:
+            await self.runtime.finish(request, "error", reason=type(exception).__name__)
         return None
 
 
 class BanDetectionMiddleware:
     """Detect bans in responses and exceptions; quarantine the proxy and retry through another."""
 
-    def __init__(self, runtime: ShardRuntime, policy: Any) -> None:
+    def __init__(self, runtime: ShardRuntime | None, policy: Any, crawler: Any = None) -> None:
         self.runtime = runtime
-        self.crawler = runtime.crawler
+        self.crawler = runtime.crawler if runtime is not None else crawler
         self.policy = policy
 
     @classmethod
     def from_crawler(cls, crawler: Any) -> BanDetectionMiddleware:
         runtime = _enabled_runtime(crawler)
+        if runtime is None:
+            return cls(None, None, crawler)
         try:
             policy_cls = load_object(runtime.settings.ban_policy)
         except (ImportError, NameError, ValueError, AttributeError) as exc:
-            raise SettingError(
+            StartupGate.for_crawler(crawler).fail(SettingError(
                 f"PROXY_SHARD_BAN_POLICY ({runtime.settings.ban_policy!r}) cannot be loaded: {exc}"
-            ) from None
+            ))
+            return cls(None, None, crawler)
         return cls(runtime, build_from_crawler(policy_cls, crawler))
 
     async def process_response(self, request: Request, response: Response,
                                spider: Spider | None = None) -> Request | Response:
-        if self.runtime.lease_of(request) is None:
+        if self.runtime is None or self.runtime.lease_of(request) is None:
             return response
         verdict = self._response_verdict(request, response, spider or self.crawler.spider)
         if verdict.kind in ("ban", "dead"):
@@ -123,7 +158,7 @@ class BanDetectionMiddleware:
 
     async def process_exception(self, request: Request, exception: Exception,
                                 spider: Spider | None = None) -> Request | None:
-        if self.runtime.lease_of(request) is None or isinstance(exception, IgnoreRequest):
+        if self.runtime is None or self.runtime.lease_of(request) is None or isinstance(exception, IgnoreRequest):
             return None
         verdict = self._exception_verdict(request, exception, spider or self.crawler.spider)
         if verdict.kind not in ("ban", "dead"):
@@ -180,3 +215,61 @@ def _spider_says(spider: Any, method: str, request: Request, subject: Any) -> bo
         return None
     said = override(request, subject)
     return said if isinstance(said, bool) else None
+
+
+class ProxyShardGuardMiddleware:
+    """The last line (950, after every built-in): a request the plugin is responsible for goes out
+    through the proxy leased for it, or not at all.
+
+    Responsible means: the lease middleware leased it, or never saw it (it did not leave it alone
+    for ``proxy_shard_skip`` or a user-set ``meta['proxy']``). Such a request is dropped with
+    ``RequestNotLeased`` (an IgnoreRequest: its errback gets it, the lease is released) when it has
+    no lease, or when ``meta['proxy']`` no longer points at the leased proxy (removed, None or
+    changed by a middleware in between). ``HttpProxyMiddleware`` strips the credentials from
+    ``meta['proxy']``, so the endpoints (scheme, host, port) are compared.
+    """
+
+    def __init__(self, runtime: ShardRuntime | None, crawler: Any) -> None:
+        self.runtime = runtime
+        self.crawler = crawler
+
+    @classmethod
+    def from_crawler(cls, crawler: Any) -> ProxyShardGuardMiddleware:
+        return cls(_enabled_runtime(crawler), crawler)
+
+    def process_request(self, request: Request, spider: Spider | None = None) -> None:
+        problem = self._problem(request)
+        if problem is None:
+            return None
+        self.crawler.stats.inc_value(f"{STATS}/guard/dropped")
+        logger.error("proxy_shard: dropped %(url)s before download: %(problem)s",
+                     {"url": request.url, "problem": problem})
+        raise RequestNotLeased(f"{request.url}: {problem}")
+
+    def _problem(self, request: Request) -> str | None:
+        runtime = self.runtime
+        lease = runtime.lease_of(request) if runtime is not None else None
+        if lease is None:
+            if runtime is not None and request in runtime.left_alone:
+                return None
+            if runtime is None and _user_proxy(request.meta):
+                return None
+            return "no proxy was leased for it"
+        sent = request.meta.get("proxy")
+        if not isinstance(sent, str) or not sent:
+            return f"meta['proxy'] is {sent!r}, not the leased proxy {lease.proxy_id}"
+        if _endpoint(sent) != _endpoint(lease.proxy_url):
+            return f"meta['proxy'] ({mask(sent)}) is not the leased proxy {lease.proxy_id}"
+        return None
+
+
+_DEFAULT_PORTS = {"http": 80, "https": 443, "socks5": 1080, "socks5h": 1080}
+
+
+def _endpoint(url: str) -> tuple[str, str, int | None]:
+    """(scheme, host, port) of a proxy URL, credentials ignored."""
+    try:
+        parts = urlsplit(url if "://" in url else f"http://{url}")
+        return parts.scheme.lower(), (parts.hostname or "").lower(), parts.port or _DEFAULT_PORTS.get(parts.scheme)
+    except ValueError:
+        return ("", url, None)

@@ -24,6 +24,7 @@ from .health import HostMonitor
 from .keys import check_name
 from .settings import MAX_LEASE_TTL, ShardSettings
 from .sites import SiteMap, site_of_request
+from .startup import StartupGate, check_eviction, eviction_mode
 from .store import AsyncPoolStore, Lease, LeaseWait, ReleaseResult
 
 logger = logging.getLogger(__name__)
@@ -102,6 +103,8 @@ class ShardRuntime:
         self._store_factory = store_factory or self._default_store
         self._store: AsyncPoolStore | None = None
         self._inflight: weakref.WeakKeyDictionary[Request, _InFlight] = weakref.WeakKeyDictionary()
+        #: Requests the lease middleware left alone (opt-out, user's own meta['proxy']): the guard lets them by.
+        self.left_alone: weakref.WeakSet[Request] = weakref.WeakSet()
         self._held: dict[str, Lease] = {}
         self._gate = _Gate()
         self._stopping: asyncio.Event | None = None  # set when the crawl stops (see _stopping_event)
@@ -133,39 +136,96 @@ class ShardRuntime:
         return build_store(self.settings, stats=self.stats)
 
     async def spider_opened(self, spider: Any) -> None:
-        """Fail fast: Redis must answer and the spider's pool must hold proxies."""
-        if self._opened:
+        """Fail fast: Redis must answer, every pool known at open must hold proxies.
+
+        A failure goes through the start-up gate (startup.py): one line, no request sent, exit code 1.
+        """
+        gate = StartupGate.for_crawler(self.crawler)
+        if self._opened or gate.error is not None:
             return
         self._opened = True
         try:
             await self._connect()
+            await self._check_eviction()
             for pool, entries in initial_proxies(self.settings).items():
                 result = await self.store.add_proxies(pool, entries)
                 logger.info("proxy_shard: pool %(pool)r: %(added)d proxies added, %(updated)d already there",
                             {"pool": pool, "added": result.added, "updated": result.updated})
-            pool = self.spider_pool(spider)
-            size = await self.store.pool_size(pool)
-            if size == 0:
-                raise UnknownPoolError(
-                    f"pool {pool!r} (namespace {self.settings.namespace!r}) holds no proxies: load some "
-                    f"(scrapy-proxy-shard load --pool {pool} FILE, or PROXY_SHARD_PROXIES) or fix the pool name"
-                )
-            logger.info("proxy_shard: spider %(spider)s uses pool %(pool)r (%(size)d proxies) as host %(host)r",
-                        {"spider": spider.name, "pool": pool, "size": size, "host": self.settings.host_id})
-            self._monitor = HostMonitor.for_runtime(self, spider, pool)
+            sizes = await self._pool_sizes(spider)
+            self._log_engine(sizes)
+            self._monitor = HostMonitor.for_runtime(self, spider, self.spider_pool(spider))
             await self._monitor.start()
         except ProxyShardError as exc:
             self.open_error = exc
-            self.stats.set_value(f"{STATS}/open_error", type(exc).__name__)
-            logger.error("proxy_shard: cannot start: %(error)s", {"error": exc})
-            try:
-                engine = self.crawler.engine
-            except (AttributeError, RuntimeError):  # not crawling (a test harness)
-                engine = None
-            if engine is not None:
-                asyncio.get_running_loop().call_soon(
-                    lambda: asyncio.ensure_future(engine.close_spider_async(reason="proxy_shard_error"))
+            raise gate.fail(exc) from None
+
+    def known_pools(self, spider: Any) -> list[str]:
+        """The pools a request of ``spider`` can lease from without naming one in meta['proxy_pool']."""
+        if getattr(spider, "proxy_pool", None):
+            pools = [self.spider_pool(spider)]
+        else:
+            pools = [self.settings.pool]
+            for site, pool in (self.settings.site_pools or {}).items():
+                try:
+                    pools.append(check_name("pool", pool))
+                except SettingError:
+                    raise SettingError(
+                        f"PROXY_SHARD_SITE_POOLS[{site!r}] ({pool!r}) is not a valid pool name") from None
+        pools = list(dict.fromkeys(pools))
+        for platform in self.settings.platforms or {}:
+            pools += [platform_pool(pool, platform) for pool in pools if "." not in pool]
+        return pools
+
+    async def _pool_sizes(self, spider: Any) -> dict[str, int]:
+        """Size of every pool known at open; UnknownPoolError names the first empty one and its source."""
+        sizes = {}
+        for pool in self.known_pools(spider):
+            sizes[pool] = await self.store.pool_size(pool)
+            if sizes[pool] == 0:
+                raise UnknownPoolError(
+                    f"pool {pool!r} (namespace {self.settings.namespace!r}, from {self._pool_source(pool, spider)}) "
+                    f"holds no proxies: load some (scrapy-proxy-shard load --pool {pool} FILE, or "
+                    f"PROXY_SHARD_PROXIES) or fix the pool name"
                 )
+        return sizes
+
+    def _pool_source(self, pool: str, spider: Any) -> str:
+        if getattr(spider, "proxy_pool", None):
+            return f"spider {spider.name!r} attribute proxy_pool"
+        if pool in (self.settings.site_pools or {}).values():
+            return "PROXY_SHARD_SITE_POOLS"
+        return "PROXY_SHARD_POOL" if pool == self.settings.pool else "PROXY_SHARD_PLATFORMS"
+
+    async def _check_eviction(self) -> None:
+        """Redis mode: refuse or warn when Redis may evict the pool's keys (startup.check_eviction)."""
+        mode = eviction_mode(self.crawler.settings)
+        store = getattr(self.store, "primary", self.store)
+        if self.settings.mode != "redis" or getattr(self.store, "state", "redis") != "redis":
+            return
+        await check_eviction(store.client, store._where, mode)
+
+    def _log_engine(self, sizes: dict[str, int]) -> None:
+        """One line: which engine runs, where (masked), for whom, and the pools (item 10)."""
+        s = self.settings
+        if s.mode == "redis":
+            state = getattr(self.store, "state", None)
+            where = getattr(getattr(self.store, "primary", self.store), "_where", "?")
+            engine = f"redis at {where}" + (f" (fallback: {state})" if state and state != "redis" else
+                                            " (local fallback on)" if s.fallback else " (no fallback)")
+        elif s.mode == "static":
+            engine = f"static (this host's slice over hosts {', '.join(s.hosts)}; no Redis)"
+        else:
+            engine = "embedded (in-memory, this process only; no Redis)"
+        logger.info("proxy_shard: engine %(engine)s, namespace %(ns)r, host %(host)r, pools %(pools)s",
+                    {"engine": engine, "ns": s.namespace, "host": s.host_id,
+                     "pools": ", ".join(f"{p!r} ({n} proxies)" for p, n in sizes.items())})
+        if s.mode == "embedded" and self.crawler.settings.get("PROXY_SHARD_MODE", "auto") == "auto" and s.proxies:
+            logger.warning(
+                "proxy_shard: PROXY_SHARD_MODE is 'auto' and no PROXY_SHARD_REDIS_URL is set: this process "
+                "leases from a private in-memory pool and hosts do NOT coordinate (3 hosts get 3 private "
+                "pools on the same proxies). Set PROXY_SHARD_REDIS_URL on every host to share one pool, or "
+                "PROXY_SHARD_MODE = 'embedded' (one host) / 'static' (fixed slices) to say this is intended"
+            )
 
     async def _connect(self) -> None:
         """Ping Redis; if it is down at start, fail, or start in fallback when told to."""

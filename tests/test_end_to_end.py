@@ -63,12 +63,15 @@ def test_redis_down_at_start_stops_the_crawl_with_one_clear_line():
     assert "cannot reach Redis at redis://***:***@127.0.0.1:1/0" in proc.stderr
     assert "Spider closed (proxy_shard_error)" in proc.stderr
     assert "Secr3t" not in proc.stderr + proc.stdout
+    assert proc.returncode == 1
 
 
 def test_unknown_pool_on_the_spider_is_named_at_open(redis_server, real_redis):
     proc = _crawl("-s", f"PROXY_SHARD_REDIS_URL={redis_server.url}")
-    assert "pool 'datacenter' (namespace 'shardshop') holds no proxies" in proc.stderr
+    assert ("pool 'datacenter' (namespace 'shardshop', from spider 'shop' attribute proxy_pool) holds no proxies"
+            in proc.stderr)
     assert "Spider closed (proxy_shard_error)" in proc.stderr
+    assert proc.returncode == 1
 
 
 def test_malformed_setting_stops_the_crawl_before_any_request(redis_server):

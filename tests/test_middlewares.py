@@ -10,7 +10,7 @@ import fakeredis
 import pytest
 from scrapy import Request, Spider
 from scrapy.downloadermiddlewares.httpproxy import HttpProxyMiddleware
-from scrapy.exceptions import NotConfigured
+from scrapy.exceptions import CloseSpider, IgnoreRequest, NotConfigured
 from scrapy.http import HtmlResponse, Response
 from scrapy.utils.misc import build_from_crawler
 from scrapy.utils.test import get_crawler
@@ -26,7 +26,9 @@ from scrapy_proxy_shard.exceptions import (
     UnknownPoolError,
 )
 from scrapy_proxy_shard.middlewares import BanDetectionMiddleware, ProxyShardMiddleware
+from scrapy_proxy_shard.startup import StartupGate
 from scrapy_proxy_shard.store import PoolStore
+from scrapy_proxy_shard.wiring import enabled_middlewares
 
 PROXIES = ["http://alice:S3cret@10.9.0.1:3128", "http://10.9.0.2:3128", "http://10.9.0.3:3128"]
 PAGE = b"<html><body><div class='product'>x</div>" + b"<p>filler</p>" * 200 + b"</body></html>"
@@ -321,7 +323,8 @@ def test_unknown_pool_on_spider_fails_at_open_with_clear_error():
     h = Harness(spidercls=Lost)
 
     async def scenario():
-        await h.open()
+        with pytest.raises(CloseSpider):  # the start-up gate stops the crawl at open
+            await h.open()
         with pytest.raises(UnknownPoolError, match=r"pool 'nope'.*holds no proxies"):
             await h.lease_mw.process_request(Request("http://shop.example/"))
 
@@ -334,7 +337,8 @@ def test_redis_down_at_start_is_a_clear_error_without_hanging():
 
     async def scenario():
         started = time.monotonic()
-        await h.open()
+        with pytest.raises(CloseSpider):
+            await h.open()
         with pytest.raises(PoolBackendError, match=r"cannot reach Redis at redis://\*\*\*:\*\*\*@127.0.0.1:1/0"):
             await h.lease_mw.process_request(Request("http://shop.example/"))
         return time.monotonic() - started
@@ -344,8 +348,14 @@ def test_redis_down_at_start_is_a_clear_error_without_hanging():
 
 
 def test_settings_are_validated_or_switched_off():
-    with pytest.raises(SettingError, match="PROXY_SHARD_MIN_INTERVAL"):
-        Harness({"PROXY_SHARD_MIN_INTERVAL": "soon"})
+    # A bad setting does not raise from from_crawler (a traceback, see startup.py): the middlewares
+    # refuse every request and the start-up gate stops the crawl at open with one line.
+    bad = Harness({"PROXY_SHARD_MIN_INTERVAL": "soon"})
+    assert bad.runtime is None
+    assert isinstance(StartupGate.for_crawler(bad.crawler).error, SettingError)
+    assert "PROXY_SHARD_MIN_INTERVAL" in str(StartupGate.for_crawler(bad.crawler).error)
+    with pytest.raises(IgnoreRequest):
+        run(bad.lease_mw.process_request(Request("http://shop.example/")))
     with pytest.raises(NotConfigured):
         Harness({"PROXY_SHARD_ENABLED": False})
 
@@ -355,7 +365,8 @@ def test_proxies_from_settings_are_loaded_and_malformed_ones_named():
     run(h.open())
     assert [r.proxy.url for r in h.admin.list_proxies("extra")] == ["http://10.9.9.9:8080"]
     bad = Harness({"PROXY_SHARD_PROXIES": ["http://u:Hunter2@bad host:1"]})
-    run(bad.open())
+    with pytest.raises(CloseSpider):
+        run(bad.open())
     assert "Hunter2" not in str(bad.runtime.open_error)
     assert "contains whitespace" in str(bad.runtime.open_error)
 
@@ -376,9 +387,9 @@ def test_spider_closed_releases_what_is_left():
 
 def test_addon_inserts_both_middlewares_before_httpproxy():
     crawler = get_crawler(ShopSpider, {"ADDONS": {ProxyShardAddon: 0}})
-    middlewares = crawler.settings.getdict("DOWNLOADER_MIDDLEWARES")
-    assert middlewares["scrapy_proxy_shard.middlewares.ProxyShardMiddleware"] == 610
-    assert middlewares["scrapy_proxy_shard.middlewares.BanDetectionMiddleware"] == 620
+    middlewares = enabled_middlewares(crawler.settings)
+    assert middlewares[ProxyShardMiddleware] == 610
+    assert middlewares[BanDetectionMiddleware] == 620
 
 
 def test_a_quarantined_proxy_does_not_make_waiters_sleep_through_a_release():

@@ -6,7 +6,7 @@ BOT_NAME = "shardshop"
 SPIDER_MODULES = ["shardshop.spiders"]
 NEWSPIDER_MODULE = "shardshop.spiders"
 
-# Both middlewares, via the add-on (or list them in DOWNLOADER_MIDDLEWARES at 610 and 620).
+# The plugin's middlewares via the add-on (or list them in DOWNLOADER_MIDDLEWARES at 610, 620 and 950).
 ADDONS = {"scrapy_proxy_shard.addon.ProxyShardAddon": 0}
 
 PROXY_SHARD_REDIS_URL = os.environ.get("PROXY_SHARD_REDIS_URL", "redis://127.0.0.1:6379/0")
