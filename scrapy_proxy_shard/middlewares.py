@@ -23,7 +23,8 @@ from scrapy.exceptions import IgnoreRequest, NotConfigured
 from scrapy.http import Response
 from scrapy.utils.misc import build_from_crawler, load_object
 
-from .exceptions import ProxyBanned, SettingError
+from .exceptions import InvalidSessionId, ProxyBanned, SettingError
+from .keys import check_session_id
 from .policy import FINE, Verdict
 from .runtime import STATS, ShardRuntime
 from .settings import ShardSettings
@@ -71,8 +72,8 @@ class ProxyShardMiddleware:
         spider = spider or getattr(self.crawler, "spider", None)
         pool = self.runtime.pool_for(request, spider)
         site = self.runtime.sites.key_for_request(request)
-        session = meta.get("session_id")
-        lease = await self.runtime.acquire(request, pool, site, str(session) if session is not None else None)
+        session = _session_id(request, self.runtime.stats)
+        lease = await self.runtime.acquire(request, pool, site, session)
         meta["proxy"] = lease.proxy_url
         meta[OWN_PROXY] = lease.proxy_id
         meta["proxy_shard_proxy_id"] = lease.proxy_id
@@ -170,6 +171,16 @@ class BanDetectionMiddleware:
         logger.debug("proxy_shard: retrying %(url)s through another proxy (%(reason)s, retry %(n)d/%(limit)d)",
                      {"url": request.url, "reason": verdict.reason, "n": done + 1, "limit": limit})
         return retry
+
+
+def _session_id(request: Request, stats: Any) -> str | None:
+    """The request's sticky session id; a bad one fails this request (one ERROR line, a stat)."""
+    try:
+        return check_session_id(request.meta.get("session_id"))
+    except InvalidSessionId as exc:
+        stats.inc_value(f"{STATS}/invalid_session_id")
+        logger.error("proxy_shard: %(url)s dropped: %(error)s", {"url": request.url, "error": exc})
+        raise
 
 
 def _spider_says(spider: Any, method: str, request: Request, subject: Any) -> bool | None:
