@@ -74,3 +74,40 @@ def test_redis_connection_settings():
         client_params(parse(PROXY_SHARD_REDIS_PARAMS={"decode_responses": False}))
     client = async_client(parse(PROXY_SHARD_REDIS_URL="redis://127.0.0.1:1/0"))
     assert client.connection_pool.connection_kwargs["port"] == 1
+
+
+@pytest.mark.parametrize(("name", "value", "message"), [
+    ("PROXY_SHARD_REDIS_SENTINELS", 5, r"PROXY_SHARD_REDIS_SENTINELS \(int '5'\) must be a list"),
+    # 'h:abc' might be user:password: masked whole
+    ("PROXY_SHARD_REDIS_SENTINELS", ["h:26379", "h:abc"], r"SENTINELS: '\*\*\*:\*\*\*' is not host:port"),
+    ("PROXY_SHARD_SITES", {5: {"concurrency": 2}}, r"PROXY_SHARD_SITES: invalid site 5"),
+    ("PROXY_SHARD_SITES", {"*": {"concurrency": 2}}, r"PROXY_SHARD_SITES: invalid site '\*'"),
+    ("PROXY_SHARD_SITE_POOLS", {"": "dc"}, r"PROXY_SHARD_SITE_POOLS: invalid site ''"),
+    ("PROXY_SHARD_PLATFORMS", {"amazon": ["*"]}, r"PROXY_SHARD_PLATFORMS\['amazon'\]: invalid site"),
+])
+def test_wrong_types_and_reserved_names_are_setting_errors_not_type_errors(name, value, message):
+    with pytest.raises(SettingError, match=message):
+        parse(**{name: value})
+
+
+def test_a_proxies_string_is_split_on_whitespace_only_so_a_comma_in_a_password_survives():
+    s = parse(PROXY_SHARD_PROXIES="http://u:pa,ss@10.0.0.1:80\n 10.0.0.2:80  10.0.0.3:80:u:p,w")
+    assert s.proxies == {"default": ("http://u:pa,ss@10.0.0.1:80", "10.0.0.2:80", "10.0.0.3:80:u:p,w")}
+
+
+def test_a_comma_separated_proxies_string_is_refused_without_showing_a_password():
+    with pytest.raises(SettingError, match=r"PROXY_SHARD_PROXIES\['default'\] entry 1: .*never on commas") as info:
+        parse(PROXY_SHARD_PROXIES="http://u:Pa55,wOrdZ@10.0.0.1:80,http://v:OtherQ,PwY@10.0.0.2:80")
+    assert not any(part in str(info.value) for part in ("Pa55", "wOrdZ", "OtherQ", "PwY"))
+
+
+def test_a_bad_proxies_entry_stops_at_start_naming_setting_pool_and_entry():
+    with pytest.raises(SettingError, match=r"PROXY_SHARD_PROXIES\['dc'\] entry 2: .*needs both") as info:
+        parse(PROXY_SHARD_PROXIES={"dc": ["10.0.0.1:80", "10.0.0.2:80:Secret-User"]})
+    assert "Secret-User" not in str(info.value)
+
+
+def test_redis_params_are_never_echoed_in_errors():
+    with pytest.raises(SettingError, match="PROXY_SHARD_REDIS_PARAMS") as info:
+        parse(PROXY_SHARD_REDIS_PARAMS='{"password": "Top-Secret"')
+    assert "Top-Secret" not in str(info.value)
