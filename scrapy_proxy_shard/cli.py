@@ -3,7 +3,8 @@
 Every change goes through the same Lua scripts the crawls use, so it is atomic and visible to every
 host at once: no restart, no reload. Views read Redis at the moment they run (``snapshot.py``).
 
-Exit codes: 0 done; 1 operational error (Redis unreachable, unknown pool or proxy), printed as one
+Exit codes: 0 done; 1 operational error (Redis unreachable — except for ``metrics``, which serves
+``proxy_shard_up 0`` instead — unknown pool or proxy), printed as one
 ``Error: ...`` line on stderr, never a traceback; 2 usage or validation error (bad option, bad
 proxy line; click's own usage errors are 2 too). Output never holds a credential: proxies show as
 id and masked URL, the Redis URL is masked in errors.

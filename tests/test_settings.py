@@ -111,3 +111,54 @@ def test_redis_params_are_never_echoed_in_errors():
     with pytest.raises(SettingError, match="PROXY_SHARD_REDIS_PARAMS") as info:
         parse(PROXY_SHARD_REDIS_PARAMS='{"password": "Top-Secret"')
     assert "Top-Secret" not in str(info.value)
+
+
+# --- the per-request lease margin (issue 8, item 14): code and README say the same ---------------
+
+def test_readme_states_the_lease_margin_the_runtime_uses():
+    import re
+    from pathlib import Path
+
+    from scrapy_proxy_shard.runtime import LEASE_MARGIN
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    row = next(line for line in readme.splitlines() if line.startswith("| `PROXY_SHARD_LEASE_TTL`"))
+    stated = re.findall(r"per request at least `download_timeout \+ (\d+)`", row)
+    assert stated == [f"{LEASE_MARGIN:g}"], row
+
+
+def test_a_request_lease_outlives_its_download_timeout_by_the_margin(redis_server, real_redis):
+    import asyncio
+
+    from scrapy import Request, Spider
+    from scrapy.utils.misc import build_from_crawler
+    from scrapy.utils.test import get_crawler
+
+    from scrapy_proxy_shard.middlewares import ProxyShardMiddleware
+    from scrapy_proxy_shard.runtime import LEASE_MARGIN
+    from scrapy_proxy_shard.store import PoolStore
+
+    PoolStore(real_redis, namespace="margin").add_proxies("default", ["10.8.0.1:3128"])
+    crawler = get_crawler(Spider, {"PROXY_SHARD_REDIS_URL": redis_server.url, "PROXY_SHARD_NAMESPACE": "margin",
+                                   "PROXY_SHARD_LEASE_TTL": 4, "DOWNLOAD_TIMEOUT": 2})
+    crawler.spider = Spider("margin")
+    mw = build_from_crawler(ProxyShardMiddleware, crawler)
+
+    async def lease_with(timeout: float) -> float:
+        request = Request("http://shop.example/", meta={"download_timeout": timeout})
+        await mw.process_request(request)
+        key = next(real_redis.scan_iter("{margin:default}:lease:*"))
+        pttl = real_redis.pttl(key) / 1000
+        await mw.runtime.finish(request, "ok")
+        return pttl
+
+    async def scenario():
+        await mw.runtime.spider_opened(crawler.spider)
+        try:
+            return await lease_with(100), await lease_with(1)
+        finally:
+            await mw.runtime.spider_closed(crawler.spider)
+
+    long_download, short_download = asyncio.run(scenario())
+    assert 100 + LEASE_MARGIN - 1 < long_download <= 100 + LEASE_MARGIN  # the download's time, plus the margin
+    assert 3 < short_download <= 4  # PROXY_SHARD_LEASE_TTL when it is the longer
