@@ -3,7 +3,8 @@
 Every change goes through the same Lua scripts the crawls use, so it is atomic and visible to every
 host at once: no restart, no reload. Views read Redis at the moment they run (``snapshot.py``).
 
-Exit codes: 0 done; 1 operational error (Redis unreachable, unknown pool or proxy), printed as one
+Exit codes: 0 done; 1 operational error (Redis unreachable — except for ``metrics``, which serves
+``proxy_shard_up 0`` instead — unknown pool or proxy), printed as one
 ``Error: ...`` line on stderr, never a traceback; 2 usage or validation error (bad option, bad
 proxy line; click's own usage errors are 2 too). Output never holds a credential: proxies show as
 id and masked URL, the Redis URL is masked in errors.
@@ -31,11 +32,14 @@ from .keys import check_name
 from .proxies import PROXY_TYPES, Proxy, make_proxy, mask, parse_proxy, split_credentials
 from .proxyfile import check_tags, parse_proxy_list
 from .settings import BanOptions, ShardSettings
-from .sites import registrable_domain
+from .sites import SITE_KEY_RE, check_site
 from .snapshot import read_pool
 from .store import PoolStore
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+#: Longest quarantine the CLI sets (ten years): the scripts compute ``now_ms + ttl_ms``, which must stay
+#: a plain integer (1e300 seconds became a ban "until" -2**63, counted and shown as started).
+MAX_BAN_TTL = 10 * 365 * 86400.0
 DEFAULT_POOL = "default"
 CLI_HOST_ID = "cli"
 
@@ -181,7 +185,7 @@ def _tags(type_: str | None, provider: str | None, country: str | None) -> dict[
 # --- changing the pool ---------------------------------------------------------------------------
 
 @cli.command()
-@click.argument("source", type=click.File("r", encoding="utf-8-sig"))
+@click.argument("source", type=click.File("rb"))
 @click.option("--partial", is_flag=True, help="Load the valid lines even if some lines are bad.")
 @click.option("--dry-run", is_flag=True, help="Validate only; change nothing.")
 @_tag_options
@@ -195,7 +199,7 @@ def load(obj: Ctx, source: Any, partial: bool, dry_run: bool, type_: str | None,
     """
     name = getattr(source, "name", "-")
     name = "<stdin>" if name in ("-", "<stdin>") or not isinstance(name, str) else name
-    parsed = parse_proxy_list(source.read(), tags=_tags(type_, provider, country))
+    parsed = parse_proxy_list(_utf8(source.read(), name), tags=_tags(type_, provider, country))
     for error in parsed.errors:
         click.echo(f"{name}:{error.line}: {error.message}", err=True)
     if parsed.errors and not partial:
@@ -211,6 +215,24 @@ def load(obj: Ctx, source: Any, partial: bool, dry_run: bool, type_: str | None,
     result = obj.store.add_proxies(obj.target_pool, parsed.proxies)
     click.echo(f"pool {obj.target_pool!r}: {len(parsed.proxies)} proxies loaded ({result.added} new, "
                f"{result.updated} already there){merged}{skipped}")
+
+
+def _utf8(data: bytes, name: str) -> str:
+    """A list file's text, or InputError naming the file and the line of the first byte that is not UTF-8."""
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise InputError(f"{name}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x}): save the file as "
+                         "UTF-8") from None
+
+
+def _ban_ttl(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    """--ttl: a finite number of seconds from 0.001 to MAX_BAN_TTL, checked before anything is written."""
+    if value is not None and not 0.001 <= value <= MAX_BAN_TTL:  # also false for nan
+        raise click.BadParameter(f"{value!r} must be a number of seconds from 0.001 to {MAX_BAN_TTL:.0f} "
+                                 "(ten years; `remove` takes a proxy out for good)")
+    return value
 
 
 @cli.command()
@@ -253,7 +275,7 @@ def remove(obj: Ctx, proxies: tuple[str, ...]) -> None:
 @cli.command()
 @click.argument("proxy")
 @click.option("--site", help="Quarantine on this site only (a domain or site group); default: every site.")
-@click.option("--ttl", type=click.FloatRange(min=0.001), help="Seconds (default: 1800 on a site, 300 proxy-wide; "
+@click.option("--ttl", type=float, callback=_ban_ttl, help="Seconds (default: 1800 on a site, 300 proxy-wide; "
               "repeated bans escalate).")
 @click.option("--reason", default="manual", show_default=True, help="Reason shown in status and metrics.")
 @click.pass_obj
@@ -392,10 +414,13 @@ def pools(obj: Ctx, as_json: bool) -> None:
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0: all).")
 @click.pass_obj
 def metrics(obj: Ctx, port: int, host: str) -> None:
-    """Serve Prometheus metrics on http://HOST:PORT/metrics, read from Redis at each scrape."""
+    """Serve Prometheus metrics on http://HOST:PORT/metrics, read from Redis at each scrape.
+
+    Redis down (at start or later) is not an error here: the exporter keeps serving with
+    ``proxy_shard_up 0``, which is what an alert watches, and reports ``1`` again once Redis answers.
+    """
     from .exporter import serve
 
-    obj.store.ping()  # fail now, with one line, rather than serve `proxy_shard_up 0` forever
     pools = [obj.pool] if obj.pool else None
     stop = threading.Event()
     # Before the server answers: a SIGTERM right after the first scrape must stop it cleanly.
@@ -475,10 +500,10 @@ def _site_key(obj: Ctx, site: str | None) -> str | None:
     registrable domain (``www.shop.co.uk`` -> ``shop.co.uk``)."""
     if site is None:
         return None
-    site = site.strip().lower()
-    if site in obj.store.sites(obj.target_pool):
-        return site
-    return registrable_domain(site)
+    text = site.strip().lower()
+    if SITE_KEY_RE.fullmatch(text) and text in obj.store.sites(obj.target_pool):
+        return text
+    return check_site(site, "--site")
 
 
 def _is_id(text: str) -> bool:

@@ -9,6 +9,8 @@ The tree::
     ├── PoolBackendError             Redis cannot be reached or answered with an error
     │                                (names the Redis URL with its password masked)
     ├── NoProxyAvailable             no proxy became free within the wait limit
+    ├── InvalidSessionId (IgnoreRequest) meta['session_id'] is not a usable session id (that request
+    │                                fails to its errback; it never shares a session by accident)
     └── ProxyBanned (IgnoreRequest)  a request was banned through every proxy its retry budget allowed
                                      (reaches the request's errback, like Scrapy's HttpError)
 
@@ -45,6 +47,10 @@ class PoolBackendError(ProxyShardError):
 
 class NoProxyAvailable(ProxyShardError):
     """No proxy of the pool became free for the site within the wait limit."""
+
+
+class InvalidSessionId(ProxyShardError, IgnoreRequest):
+    """``meta['session_id']`` is not a non-empty printable string or integer of bounded length."""
 
 
 class ProxyBanned(ProxyShardError, IgnoreRequest):

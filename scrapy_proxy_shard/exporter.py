@@ -39,6 +39,7 @@ class PoolCollector:
     def __init__(self, store: PoolStore, pools: Sequence[str] | None = None) -> None:
         self.store = store
         self.pools = tuple(pools) if pools else None
+        self._up: float | None = None  # last scrape's answer, to log only when Redis comes or goes
 
     def describe(self) -> list[Metric]:
         return []  # no Redis call at registration; names are checked by the tests instead
@@ -48,9 +49,13 @@ class PoolCollector:
         try:
             snapshots = [read_pool(self.store, pool) for pool in (self.pools or self.store.pools())]
             up = 1.0
+            if self._up == 0.0:
+                logger.warning("proxy_shard exporter: Redis answers again")
         except ProxyShardError as exc:
-            logger.warning("proxy_shard exporter: %(e)s", {"e": exc})
+            if self._up != 0.0:
+                logger.warning("proxy_shard exporter: %(e)s (serving proxy_shard_up 0 until it answers)", {"e": exc})
             snapshots, up = [], 0.0
+        self._up = up
         yield from pool_metrics(snapshots)
         yield _gauge("proxy_shard_up", "1 if Redis answered this scrape, else 0", [], [((), up)])
         yield _gauge("proxy_shard_scrape_duration_seconds", "Time this scrape spent reading Redis", [],

@@ -27,7 +27,8 @@ from scrapy.exceptions import IgnoreRequest, NotConfigured
 from scrapy.http import Response
 from scrapy.utils.misc import build_from_crawler, load_object
 
-from .exceptions import ProxyBanned, ProxyShardError, SettingError, UnknownPoolError
+from .exceptions import InvalidSessionId, ProxyBanned, ProxyShardError, SettingError, UnknownPoolError
+from .keys import check_session_id
 from .policy import FINE, Verdict
 from .proxies import mask
 from .runtime import STATS, ShardRuntime
@@ -97,8 +98,8 @@ class ProxyShardMiddleware:
         try:
             pool = self.runtime.pool_for(request, spider)
             site = self.runtime.sites.key_for_request(request)
-            session = meta.get("session_id")
-            lease = await self.runtime.acquire(request, pool, site, str(session) if session is not None else None)
+            session = _session_id(request, self.runtime.stats)
+            lease = await self.runtime.acquire(request, pool, site, session)
         except (UnknownPoolError, SettingError) as exc:
             self.runtime.stats.inc_value(f"{STATS}/pool_errors")
             logger.error("proxy_shard: %(url)s not sent: %(e)s", {"url": request.url, "e": exc})
@@ -205,6 +206,16 @@ class BanDetectionMiddleware:
         logger.debug("proxy_shard: retrying %(url)s through another proxy (%(reason)s, retry %(n)d/%(limit)d)",
                      {"url": request.url, "reason": verdict.reason, "n": done + 1, "limit": limit})
         return retry
+
+
+def _session_id(request: Request, stats: Any) -> str | None:
+    """The request's sticky session id; a bad one fails this request (one ERROR line, a stat)."""
+    try:
+        return check_session_id(request.meta.get("session_id"))
+    except InvalidSessionId as exc:
+        stats.inc_value(f"{STATS}/invalid_session_id")
+        logger.error("proxy_shard: %(url)s dropped: %(error)s", {"url": request.url, "error": exc})
+        raise
 
 
 def _spider_says(spider: Any, method: str, request: Request, subject: Any) -> bool | None:

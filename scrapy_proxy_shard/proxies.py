@@ -18,7 +18,8 @@ SUPPORTED_SCHEMES = ("http", "https")
 PROXY_TYPES = ("datacenter", "residential", "mobile", "isp")
 _HOST_RE = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
                       r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
-_IPV4_RE = re.compile(r"^\d{1,3}(?:\.\d{1,3}){3}$")
+_IPV4_RE = re.compile(r"[0-9]{1,3}(?:\.[0-9]{1,3}){3}")
+_NUMERIC_HOST_RE = re.compile(r"[0-9.]+")
 _URL_LIKE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
@@ -46,25 +47,56 @@ def proxy_id(canonical_url: str) -> str:
     return hashlib.blake2b(canonical_url.encode(), digest_size=8).hexdigest()
 
 
-def mask(url: str) -> str:
-    """Return ``url`` with user name and password replaced by ``***``.
+def mask(text: object) -> str:
+    """Return a proxy or Redis URL (or any entry a user typed) with every credential replaced by ``***``.
 
-    Works on anything URL-like, including malformed input, so it is safe to use in error messages.
+    The one masking function of the package: every error, log line and CLI output that shows a URL
+    goes through it. It works on malformed input (that is when it is needed most) and errs towards
+    hiding: user info before ``@``, the ``user:pass`` of ``host:port:user:pass``, a ``user:pw`` with
+    no host, and query values (``redis://host/0?password=X``) are masked; a scheme, a host and a
+    numeric port stay visible so the message still says where.
     """
-    if not isinstance(url, str):
-        return repr(type(url))
-    scheme_end = url.find("://")
+    if isinstance(text, (bytes, bytearray)):
+        text = bytes(text).decode("latin-1")
+    if not isinstance(text, str):
+        return f"<{type(text).__name__}>"
+    scheme_end = text.find("://")
     start = scheme_end + 3 if scheme_end >= 0 else 0
-    at = url.rfind("@", start)
-    if at < 0:
-        # host:port:user:pass provider format, or no credentials at all.
-        parts = url[start:].split(":")
-        if len(parts) >= 4:
-            return url[:start] + ":".join(parts[:2]) + ":***:***"
-        return url
-    userinfo = url[start:at]
-    masked_userinfo = "***:***" if ":" in userinfo else "***"
-    return url[:start] + masked_userinfo + url[at:]
+    head, rest = text[:start], text[start:]
+    at = rest.rfind("@")
+    if at >= 0:  # everything before the last '@' is user info, whatever characters it holds
+        head += ("***:***" if ":" in rest[:at] else "***") + "@"
+        rest = rest[at + 1:]
+    return head + _mask_address(rest)
+
+
+def _mask_address(rest: str) -> str:
+    """``host[:port][:user[:pass]][/path][?query]`` with the credential parts masked."""
+    if rest.startswith("["):  # IPv6 literal
+        close = rest.find("]")
+        split = close + 1 if close >= 0 else len(rest)
+    else:
+        split = next((i for i, ch in enumerate(rest) if ch in ":/?#"), len(rest))
+    host, after = rest[:split], rest[split:]
+    if after.startswith(":"):
+        port_end = next((i for i, ch in enumerate(after) if i and ch in ":/?#"), len(after))
+        port = after[1:port_end]
+        if not (port.isascii() and port.isdigit()):
+            return "***" if not host else "***:***"  # `user:pw` with no host, or a garbled port
+        host, after = f"{host}:{port}", after[port_end:]
+        if after.startswith(":"):  # host:port:user[:pass]: everything after the port is a credential
+            return host + (":***:***" if ":" in after[1:] else ":***")
+    return host + _mask_tail(after)
+
+
+def _mask_tail(tail: str) -> str:
+    """A path is shown; query values (``?password=X``) and a fragment are masked."""
+    path, _, fragment = tail.partition("#")
+    path, sep, query = path.partition("?")
+    if sep:
+        pairs = [f"{pair.partition('=')[0]}=***" if "=" in pair else "***" for pair in query.split("&") if pair]
+        path += "?" + "&".join(pairs)
+    return path + ("#***" if fragment else "")
 
 
 def parse_proxy(entry: str, *, default_scheme: str = "http") -> str:
@@ -85,12 +117,7 @@ def parse_proxy(entry: str, *, default_scheme: str = "http") -> str:
     if any(ch.isspace() for ch in raw):
         raise ProxyURLError(f"proxy {shown!r}: contains whitespace")
     if not _URL_LIKE.match(raw):
-        parts = raw.split(":", 3)
-        if len(parts) == 4 and parts[1].isdigit() and "@" not in parts[0]:  # host:port:user:pass
-            host, port, user, password = parts
-            raw = f"{default_scheme}://{_quote_cred(user)}:{_quote_cred(password)}@{host}:{port}"
-        else:
-            raw = f"{default_scheme}://{raw}"
+        raw = _provider_form(raw, shown, default_scheme)
     try:
         parts_ = urlsplit(raw)
         port = parts_.port
@@ -104,13 +131,7 @@ def parse_proxy(entry: str, *, default_scheme: str = "http") -> str:
     host = parts_.hostname or ""
     if not host:
         raise ProxyURLError(f"proxy {shown!r}: missing host")
-    if _IPV4_RE.match(host):
-        if any(int(octet) > 255 for octet in host.split(".")):
-            raise ProxyURLError(f"proxy {shown!r}: invalid IPv4 address {host!r}")
-    elif ":" in host:  # IPv6 literal (urlsplit removed the brackets)
-        host = f"[{host}]"
-    elif not _HOST_RE.match(host):
-        raise ProxyURLError(f"proxy {shown!r}: invalid host name {host!r}")
+    host = _check_host(host, shown)
     if port is None:
         raise ProxyURLError(f"proxy {shown!r}: missing port (write host:port)")
     if not 1 <= port <= 65535:
@@ -161,8 +182,53 @@ def _keep_or_quote(value: str) -> str:
     return _quote_cred(value)
 
 
+def _provider_form(raw: str, shown: str, scheme: str) -> str:
+    """An entry without a scheme as a URL: ``host:port:user:pass`` (provider lists) becomes
+    ``scheme://user:pass@host:port``; anything else gets the default scheme in front."""
+    parts = raw.split(":", 3)
+    if len(parts) >= 3 and "@" not in parts[0] and _is_port(parts[1]):
+        if len(parts) == 3 or not parts[2] or not parts[3]:
+            raise ProxyURLError(f"proxy {shown!r}: host:port:user:pass needs both a user name and a password "
+                                "(or write host:port for a proxy without credentials)")
+        host, port, user, password = parts
+        return f"{scheme}://{_quote_cred(user)}:{_quote_cred(password)}@{host}:{port}"
+    return f"{scheme}://{raw}"
+
+
+def _check_host(host: str, shown: str) -> str:
+    """The host as it goes into the canonical URL, or ProxyURLError.
+
+    One address has one spelling, so one proxy cannot enter the pool twice under two ids: hosts are
+    ASCII only (fullwidth digits are refused, not folded), and an IPv4 address is four decimal
+    octets without leading zeros (``010.0.0.1`` is octal 8.0.0.1 to some resolvers and 10.0.0.1
+    to others). Other all-numeric hosts (``10.1``, ``167772161``) are refused for the same reason.
+    """
+    if not host.isascii():
+        raise ProxyURLError(f"proxy {shown!r}: host {host!r} has non-ASCII characters (write it in ASCII, "
+                            "a name in its xn-- form)")
+    if _IPV4_RE.fullmatch(host):
+        octets = host.split(".")
+        if any(int(octet) > 255 for octet in octets):
+            raise ProxyURLError(f"proxy {shown!r}: invalid IPv4 address {host!r}")
+        if any(len(octet) > 1 and octet.startswith("0") for octet in octets):
+            raise ProxyURLError(f"proxy {shown!r}: IPv4 address {host!r} has leading zeros, which some "
+                                f"resolvers read as octal: write {'.'.join(str(int(o)) for o in octets)}")
+        return host
+    if ":" in host:  # IPv6 literal (urlsplit removed the brackets)
+        return f"[{host}]"
+    if _NUMERIC_HOST_RE.fullmatch(host):
+        raise ProxyURLError(f"proxy {shown!r}: {host!r} is not an IPv4 address (write four numbers a.b.c.d)")
+    if not _HOST_RE.fullmatch(host):
+        raise ProxyURLError(f"proxy {shown!r}: invalid host name {host!r}")
+    return host
+
+
+def _is_port(text: str) -> bool:
+    return text.isascii() and text.isdigit()
+
+
 def _port_problem(exc: ValueError) -> str:
     text = str(exc)
     if "out of range" in text:
         return "port out of range 1-65535"
-    return "port is not a number"
+    return "port is not a number (credentials go before '@': scheme://user:pass@host:port)"

@@ -16,6 +16,7 @@ from typing import Any
 
 from .exceptions import SettingError
 from .keys import check_name
+from .proxies import mask, parse_proxy
 
 DEFAULTS: dict[str, Any] = {
     "PROXY_SHARD_ENABLED": True,
@@ -144,7 +145,7 @@ class ShardSettings:
             lease_ttl = _number(get, "PROXY_SHARD_LEASE_TTL", None, minimum=0.001, maximum=MAX_LEASE_TTL)
         redis_url = get("PROXY_SHARD_REDIS_URL") or get("REDIS_URL") or None
         if redis_url is not None and not isinstance(redis_url, str):
-            raise SettingError(f"PROXY_SHARD_REDIS_URL ({redis_url!r}) must be a redis:// URL string")
+            raise SettingError(f"PROXY_SHARD_REDIS_URL ({mask(redis_url)!r}) must be a redis:// URL string")
         host_id = get("PROXY_SHARD_HOST_ID") or default_host_id()
         if not isinstance(host_id, str) or not host_id.strip() or "|" in host_id:
             raise SettingError(f"PROXY_SHARD_HOST_ID ({host_id!r}) must be a non-empty string without '|'")
@@ -275,10 +276,19 @@ def _mapping(get, name: str) -> dict:
         try:
             raw = json.loads(raw) if raw.strip() else {}
         except ValueError:
-            raise SettingError(f"{name} ({raw!r}) must be a dict or a JSON object") from None
+            raise SettingError(f"{name} ({_shown(name, raw)}) must be a dict or a JSON object") from None
     if not isinstance(raw, Mapping):
-        raise SettingError(f"{name} ({raw!r}) must be a dict")
+        raise SettingError(f"{name} ({_shown(name, raw)}) must be a dict")
     return dict(raw)
+
+
+#: Settings whose values may hold a password (redis-py's ``password=``): errors never echo them.
+_SECRET_SETTINGS = {"PROXY_SHARD_REDIS_PARAMS"}
+
+
+def _shown(name: str, raw: Any) -> str:
+    """A setting's value for an error message: the value, or only its type for a secret-bearing one."""
+    return f"a {type(raw).__name__}" if name in _SECRET_SETTINGS else repr(raw)
 
 
 def _name(get, name: str, kind: str) -> str:
@@ -289,10 +299,11 @@ def _name(get, name: str, kind: str) -> str:
 
 
 def _sites(get, concurrency: int, min_interval: float) -> dict[str, SiteOptions]:
-    from .sites import registrable_domain
+    from .sites import check_site
 
     out: dict[str, SiteOptions] = {}
     for site, options in _mapping(get, "PROXY_SHARD_SITES").items():
+        key = check_site(site, "PROXY_SHARD_SITES")
         if not isinstance(options, Mapping):
             raise SettingError(f"PROXY_SHARD_SITES[{site!r}] ({options!r}) must be a dict")
         unknown = set(options) - set(SITE_OPTIONS) - _EXTRA_SITE_OPTIONS
@@ -309,7 +320,6 @@ def _sites(get, concurrency: int, min_interval: float) -> dict[str, SiteOptions]
         prefix = f"PROXY_SHARD_SITES[{site!r}]"
         c = _integer(site_get, f"{prefix}.concurrency", concurrency, minimum=1, maximum=MAX_CONCURRENCY)
         i = _number(site_get, f"{prefix}.min_interval", min_interval, minimum=0.0, maximum=MAX_INTERVAL)
-        key = site if "." not in site else registrable_domain(site)
         out[key] = SiteOptions(c, i)
     return out
 
@@ -319,20 +329,25 @@ _EXTRA_SITE_OPTIONS = {"required_css", "min_body_size", "min_body_ratio", "ban_c
 
 
 def _site_groups(get) -> dict[str, tuple[str, ...]]:
+    from .sites import SITE_KEY_RE, check_site
+
     out: dict[str, tuple[str, ...]] = {}
     for group, members in _mapping(get, "PROXY_SHARD_SITE_GROUPS").items():
+        if not isinstance(group, str) or not SITE_KEY_RE.fullmatch(group):
+            raise SettingError(f"PROXY_SHARD_SITE_GROUPS: invalid group name {group!r} "
+                               "(letters, digits, '.', '_' and '-'; '*' is reserved for proxy-wide)")
         if isinstance(members, str):
             members = [members]
         if not isinstance(members, (list, tuple, set, frozenset)) or not members:
             raise SettingError(
                 f"PROXY_SHARD_SITE_GROUPS[{group!r}] ({members!r}) must be a non-empty list of sites"
             )
-        out[str(group)] = tuple(str(m) for m in members)
+        out[group] = tuple(check_site(m, f"PROXY_SHARD_SITE_GROUPS[{group!r}]") for m in members)
     return out
 
 
 def _site_pools(get) -> dict[str, str]:
-    from .sites import registrable_domain
+    from .sites import check_site
 
     out: dict[str, str] = {}
     for site, pool in _mapping(get, "PROXY_SHARD_SITE_POOLS").items():
@@ -340,19 +355,24 @@ def _site_pools(get) -> dict[str, str]:
             check_name("pool", pool)
         except SettingError as exc:
             raise SettingError(f"PROXY_SHARD_SITE_POOLS[{site!r}]: {exc}") from None
-        out[registrable_domain(str(site))] = pool
+        out[check_site(site, "PROXY_SHARD_SITE_POOLS")] = pool
     return out
 
 
 def _initial_proxies(get, default_pool: str) -> dict[str, tuple[str, ...]]:
-    """PROXY_SHARD_PROXIES: a list (for the default pool) or {pool: list}, loaded when a spider opens."""
+    """PROXY_SHARD_PROXIES: a list (for the default pool) or {pool: list}, loaded when a spider opens.
+
+    A string (``-s PROXY_SHARD_PROXIES=...``, an environment variable) is split on whitespace only,
+    never on commas: a password may hold a comma, and splitting it would load half a URL and print
+    the other half in the error. Every entry is validated here, so a typo stops the crawl at start.
+    """
     raw = get("PROXY_SHARD_PROXIES")
     if raw is None:
         return {}
     if hasattr(raw, "copy_to_dict"):
         raw = raw.copy_to_dict()
     if isinstance(raw, str):
-        raw = [line for line in raw.replace(",", "\n").splitlines() if line.strip()]
+        raw = raw.split()
     if isinstance(raw, (list, tuple)):
         raw = {default_pool: raw}
     if not isinstance(raw, Mapping):
@@ -367,8 +387,19 @@ def _initial_proxies(get, default_pool: str) -> dict[str, tuple[str, ...]]:
             raise SettingError(f"PROXY_SHARD_PROXIES: {exc}") from None
         if isinstance(entries, str) or not isinstance(entries, (list, tuple)):
             raise SettingError(f"PROXY_SHARD_PROXIES[{pool!r}] must be a list of proxy URLs")
+        for n, entry in enumerate(entries, start=1):
+            _check_proxy_entry(pool, n, entry)
         out[pool] = tuple(entries)
     return out
+
+
+def _check_proxy_entry(pool: str, n: int, entry: Any) -> None:
+    try:
+        parse_proxy(entry)
+    except ValueError as exc:
+        hint = (" (a PROXY_SHARD_PROXIES string is split on spaces and newlines only, never on commas: "
+                "a password may contain one)") if isinstance(entry, str) and "," in entry else ""
+        raise SettingError(f"PROXY_SHARD_PROXIES[{pool!r}] entry {n}: {exc}{hint}") from None
 
 
 def _dotted_path(get, name: str) -> str:
@@ -410,7 +441,7 @@ def _hosts(get, host_id: str) -> tuple[str, ...]:
 
 
 def _platforms(get) -> dict[str, tuple[str, ...]]:
-    from .sites import registrable_domain
+    from .sites import check_site
 
     out: dict[str, tuple[str, ...]] = {}
     for platform, sites in _mapping(get, "PROXY_SHARD_PLATFORMS").items():
@@ -422,7 +453,7 @@ def _platforms(get) -> dict[str, tuple[str, ...]]:
             sites = [sites]
         if not isinstance(sites, (list, tuple)) or not sites:
             raise SettingError(f"PROXY_SHARD_PLATFORMS[{platform!r}] must be a non-empty list of sites")
-        out[platform] = tuple(registrable_domain(str(s)) for s in sites)
+        out[platform] = tuple(check_site(s, f"PROXY_SHARD_PLATFORMS[{platform!r}]") for s in sites)
     return out
 
 
@@ -448,11 +479,14 @@ def _sentinels(get) -> tuple[tuple[str, int], ...]:
         return ()
     if isinstance(raw, str):
         raw = [part for part in raw.split(",") if part.strip()]
+    if not isinstance(raw, (list, tuple)):
+        raise SettingError(f"PROXY_SHARD_REDIS_SENTINELS ({type(raw).__name__} {mask(str(raw))!r}) must be a "
+                           "list of 'host:port' strings or one string 'host:port,host:port'")
     out = []
     for entry in raw:
         host, sep, port = str(entry).strip().rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise SettingError(f"PROXY_SHARD_REDIS_SENTINELS: {entry!r} is not host:port")
+        if not sep or not host or not port.isascii() or not port.isdigit() or not 0 < int(port) < 65536:
+            raise SettingError(f"PROXY_SHARD_REDIS_SENTINELS: {mask(str(entry))!r} is not host:port")
         out.append((host, int(port)))
     return tuple(out)
 

@@ -21,12 +21,19 @@ from scrapy.utils.httpobj import urlparse_cached
 from .exceptions import SettingError
 
 _extract = tldextract.TLDExtract(suffix_list_urls=(), cache_dir=None)
-SITE_KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-\[\]:]{0,252}$")
+#: A site key (registrable domain, IP or site group): it is part of Redis keys and ban scopes, so it
+#: starts with a letter or digit (``*`` is the proxy-wide ban scope and never a site) and has no
+#: space, ``|`` or control character.
+SITE_KEY_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._\-\[\]:]{0,252}")
 
 
 @lru_cache(maxsize=4096)
 def registrable_domain(host: str) -> str:
-    """The registrable domain of a host name, or the host itself for IPs and single labels."""
+    """The registrable domain of a host name, or the host itself for IPs and single labels.
+
+    Raises ValueError for what cannot be a site key (empty, ``*``, spaces...): a site named ``*``
+    would be the proxy-wide quarantine scope.
+    """
     host = host.strip().lower().rstrip(".")
     if not host:
         raise ValueError("empty host")
@@ -36,10 +43,33 @@ def registrable_domain(host: str) -> str:
     except ValueError:
         pass
     ext = _extract(host)
-    if ext.suffix and ext.domain:
-        return f"{ext.domain}.{ext.suffix}"
-    labels = host.split(".")
-    return ".".join(labels[-2:])  # unknown suffix (e.g. *.test, *.internal): last two labels
+    # An unknown suffix (e.g. *.test, *.internal): the last two labels.
+    site = f"{ext.domain}.{ext.suffix}" if ext.suffix and ext.domain else ".".join(host.split(".")[-2:])
+    if not SITE_KEY_RE.fullmatch(site):
+        raise ValueError(f"{host!r} is not a site (a domain such as shop.com; '*' means every site)")
+    return site
+
+
+def check_site(value: object, source: str) -> str:
+    """A site given by a user (setting key, CLI option) as its site key, or SettingError naming ``source``.
+
+    Names with a dot are domains (``www.shop.co.uk`` counts as ``shop.co.uk``); names without one are
+    kept as given (a site group, a single-label host).
+    """
+    text = value.strip().lower() if isinstance(value, str) else None
+    try:
+        if not text:
+            raise ValueError("empty")
+        return registrable_domain(text) if "." in text else _plain_key(text)
+    except ValueError:
+        raise SettingError(f"{source}: invalid site {value!r}: use a domain such as shop.com or a site group "
+                           "name (letters, digits, '.', '_', '-'; '*' is reserved for proxy-wide)") from None
+
+
+def _plain_key(text: str) -> str:
+    if not SITE_KEY_RE.fullmatch(text):
+        raise ValueError(text)
+    return text
 
 
 def site_of_url(url: str) -> str:
@@ -64,7 +94,7 @@ class SiteMap:
     def __init__(self, groups: Mapping[str, Iterable[str]] | None = None) -> None:
         self._group_of: dict[str, str] = {}
         for group, members in (groups or {}).items():
-            if not isinstance(group, str) or not SITE_KEY_RE.match(group):
+            if not isinstance(group, str) or not SITE_KEY_RE.fullmatch(group):
                 raise SettingError(
                     f"PROXY_SHARD_SITE_GROUPS: invalid group name {group!r} "
                     "(letters, digits, '.', '_' and '-')"
@@ -72,7 +102,7 @@ class SiteMap:
             if isinstance(members, str):
                 members = [members]
             for member in members:
-                site = registrable_domain(str(member))
+                site = check_site(member, f"PROXY_SHARD_SITE_GROUPS[{group!r}]")
                 previous = self._group_of.setdefault(site, group)
                 if previous != group:
                     raise SettingError(

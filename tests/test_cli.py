@@ -13,10 +13,12 @@ import time
 import urllib.request
 
 import pytest
+import redis
 from click.testing import CliRunner
 
 from scrapy_proxy_shard.cli import cli
-from scrapy_proxy_shard.redis_server import free_port
+from scrapy_proxy_shard.redis_server import RedisServer, free_port
+from scrapy_proxy_shard.snapshot import read_pool
 from scrapy_proxy_shard.store import Lease, LeaseWait, PoolStore
 
 NS = "clitest"
@@ -243,8 +245,7 @@ def test_redis_down_is_one_line_exit_1_without_credentials():
            "PROXY_SHARD_NAMESPACE": NS}
     outputs = [(proc.returncode, proc.stdout, proc.stderr) for proc in (run(env, "status"),
                                                                         run(env, "load", "-", stdin=GOOD))]
-    outputs += [(r.exit_code, r.stdout, r.stderr) for r in (invoke(env, "hosts"), invoke(env, "ban", "10.0.0.1:1"),
-                                                            invoke(env, "metrics", "--port", "0"))]
+    outputs += [(r.exit_code, r.stdout, r.stderr) for r in (invoke(env, "hosts"), invoke(env, "ban", "10.0.0.1:1"))]
     for code, out, err in outputs:
         assert code == 1, err
         lines = err.strip().splitlines()
@@ -261,6 +262,33 @@ def test_usage_and_validation_errors_exit_2(env):
     assert invoke(env, "load", "/nonexistent/proxies.txt").exit_code == 2
     assert invoke(env, "unban", "--all", "--site", "a.example", "x").exit_code == 2
     assert invoke(env, "ban", "not-a-url:").exit_code == 2
+
+
+def test_load_of_a_non_utf8_file_is_one_line_naming_file_and_line(env, tmp_path, store):
+    path = tmp_path / "latin1.txt"
+    path.write_bytes(b"10.1.0.2:3128\n# caf\xe9 proxies\n10.1.0.3:3128\n")
+    proc = run(env, "load", str(path))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines() == [f"Error: {path}:2: not UTF-8 text (byte 0xe9): save the file as UTF-8"]
+    assert store.pool_size("default") == 0
+
+
+@pytest.mark.parametrize("site", ["", "  ", "*", "a b.com"])
+def test_ban_with_an_empty_or_reserved_site_is_refused(env, store, site):
+    store.add_proxies("default", ["10.1.0.2:3128"])
+    for command in ("ban", "unban"):
+        result = invoke(env, command, "10.1.0.2:3128", "--site", site)
+        assert result.exit_code == 2 and "--site: invalid site" in result.stderr, result.stderr
+    assert store.bans("default") == []
+
+
+@pytest.mark.parametrize("ttl", ["nan", "inf", "-inf", "1e300", "0", "-5"])
+def test_ban_ttl_must_be_finite_and_bounded_and_nothing_is_written(env, store, ttl):
+    store.add_proxies("default", ["10.1.0.2:3128"])
+    result = invoke(env, "ban", "10.1.0.2:3128", "--ttl", ttl)
+    assert result.exit_code == 2 and "Invalid value for '--ttl'" in result.stderr, result.stderr
+    assert store.bans("default") == [] and read_pool(store, "default").quarantines_started == 0
+    assert invoke(env, "ban", "10.1.0.2:3128", "--ttl", "3600").exit_code == 0  # a sane one still works
 
 
 def test_views_of_an_unknown_pool_or_empty_namespace_exit_1(env, store):
@@ -284,6 +312,44 @@ def test_metrics_command_serves_until_sigterm(env, store):
         _out, err = proc.communicate(timeout=10)
     assert proc.returncode == 0, err
     assert f"serving http://127.0.0.1:{port}/metrics" in err
+
+
+def test_metrics_serves_up_0_while_redis_is_down_and_up_1_once_it_answers(tmp_path):
+    server = RedisServer()  # its port is chosen, the server not started yet
+    env = {**os.environ, "PROXY_SHARD_REDIS_URL": f"redis://127.0.0.1:{server.port}/0?password=Pw-Dave-11",
+           "PROXY_SHARD_NAMESPACE": NS}
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "scrapy_proxy_shard", "metrics", "--port", str(port)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        down = _scrape_when_up(port)
+        assert "proxy_shard_up 0.0" in down and proc.poll() is None
+        server.start()
+        try:
+            redis.Redis(port=server.port).config_set("requirepass", "Pw-Dave-11")
+            PoolStore(redis.Redis.from_url(env["PROXY_SHARD_REDIS_URL"]), namespace=NS).add_proxies(
+                "default", ["10.1.0.2:3128"])
+            up = _scrape_until(port, "proxy_shard_up 1.0")
+            assert 'proxy_shard_proxies{pool="default"} 1.0' in up
+            server.stop()
+            assert "proxy_shard_up 0.0" in _scrape_until(port, "proxy_shard_up 0.0")
+        finally:
+            server.stop()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=10)
+    assert proc.returncode == 0, err
+    assert "Pw-Dave-11" not in err and "password=***" in err
+    assert "Traceback" not in err and "Redis answers again" in err
+
+
+def _scrape_until(port: int, text: str, timeout: float = 20.0) -> str:
+    deadline = time.monotonic() + timeout
+    while True:
+        body = _scrape_when_up(port)
+        if text in body or time.monotonic() > deadline:
+            return body
+        time.sleep(0.1)
 
 
 def _scrape_when_up(port: int, timeout: float = 15.0) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -211,3 +212,97 @@ def test_no_password_reaches_any_output(tmp_path, redis_with_password, site_and_
 
     assert not out.leaks(), out.leaks()
     assert len(out.texts) > 40
+
+
+# --- every error path, with secret-bearing input -------------------------------------------------
+
+SECRET = "Sweep-Secret-7Q"
+SPIDER = """
+import scrapy
+
+class Sweep(scrapy.Spider):
+    name = "sweep"
+    start_urls = ["http://shop.invalid/"]
+    custom_settings = {"DOWNLOADER_MIDDLEWARES": {"scrapy_proxy_shard.middlewares.ProxyShardMiddleware": 610,
+                                                  "scrapy_proxy_shard.middlewares.BanDetectionMiddleware": 620}}
+
+    def parse(self, response):
+        pass
+"""
+#: Settings values that carry SECRET and are wrong in some way: each must fail with a message that
+#: names the setting and never shows SECRET.
+BAD_SETTINGS = [
+    {"PROXY_SHARD_REDIS_URL": f"http://u:{SECRET}@h:1"},
+    {"PROXY_SHARD_REDIS_URL": f"redis://h:1/0?password={SECRET}".encode()},
+    {"PROXY_SHARD_REDIS_PARAMS": f'{{"password": "{SECRET}"'},
+    {"PROXY_SHARD_REDIS_PARAMS": [f"password={SECRET}"]},
+    {"PROXY_SHARD_REDIS_SENTINELS": [f"u:{SECRET}@h:x"], "PROXY_SHARD_REDIS_SENTINEL_MASTER": "m"},
+    {"PROXY_SHARD_REDIS_SENTINELS": [f"u:{SECRET}"], "PROXY_SHARD_REDIS_SENTINEL_MASTER": "m"},
+    {"PROXY_SHARD_PROXIES": f"http://u:a,{SECRET}@10.0.0.1:80,http://u:{SECRET},b@10.0.0.2:80"},
+    {"PROXY_SHARD_PROXIES": [f"http://u:{SECRET}"]},
+    {"PROXY_SHARD_PROXIES": [f"u:{SECRET}"]},
+    {"PROXY_SHARD_PROXIES": [f"10.0.0.1:80:{SECRET}"]},
+    {"PROXY_SHARD_PROXIES": [f"10.0.0.1:8O:u:{SECRET}"]},
+    {"PROXY_SHARD_PROXIES": [f"socks5://u:{SECRET}@10.0.0.1:80"]},
+    {"PROXY_SHARD_PROXIES": {"dc": [f"http://u:{SECRET}@010.0.0.1:80"]}},
+]
+
+
+@pytest.mark.parametrize("bad", BAD_SETTINGS, ids=lambda b: next(iter(b)))
+def test_setting_errors_never_show_the_secret(bad):
+    from scrapy_proxy_shard.connection import async_client
+    from scrapy_proxy_shard.exceptions import SettingError
+    from scrapy_proxy_shard.settings import ShardSettings
+
+    with pytest.raises(SettingError) as info:
+        async_client(ShardSettings.from_settings(bad))
+    assert next(iter(bad)) in str(info.value) or "PROXY_SHARD_REDIS_URL" in str(info.value)
+    assert SECRET not in str(info.value), str(info.value)
+
+
+def test_cli_error_paths_never_show_the_secret(tmp_path, redis_server):
+    down = f"redis://127.0.0.1:{free_port()}/0"
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes(f"http://u:{SECRET}\xe9@10.0.0.1:80\n".encode("latin-1"))
+    bad_list = tmp_path / "bad.txt"
+    bad_list.write_text("".join(f"{e}\n" for e in (f"http://u:{SECRET}", f"u:{SECRET}", f"10.0.0.1:80:{SECRET}",
+                                                   f"10.0.0.1:80:u:{SECRET}:x y", f"http://u:{SECRET}@10.0.0.1:80/x")))
+    busy = socket.create_server(("127.0.0.1", 0))  # metrics cannot listen there: exit 1
+    runs = [
+        ("--redis-url", f"{down}?password={SECRET}", "status"),
+        ("--redis-url", f"redis://:{SECRET}@127.0.0.1:{free_port()}/0", "pools"),
+        ("--redis-url", f"{down}?password={SECRET}", "metrics", "--port", str(busy.getsockname()[1])),
+        ("--redis-url", f"http://u:{SECRET}@h:1", "status"),
+        ("--redis-url", f"{redis_server.url}?password={SECRET}", "add", f"http://u:{SECRET}", f"u:{SECRET}",
+         f"10.0.0.1:80:{SECRET}", f"socks5://u:{SECRET}@h:1"),
+        ("--redis-url", redis_server.url, "load", str(bad_list)),
+        ("--redis-url", redis_server.url, "load", str(latin1)),
+        ("--redis-url", redis_server.url, "ban", f"http://u:{SECRET}@10.0.0.1:80", "--site", "*"),
+        ("--redis-url", redis_server.url, "remove", f"http://u:{SECRET}@10.0.0.1:80", f"u:{SECRET}"),
+        ("--redis-url", redis_server.url, "--sentinels", f"u:{SECRET}@h:x", "--sentinel-master", "m", "status"),
+    ]
+    with busy:
+        procs = [subprocess.run(["scrapy-proxy-shard", *args], capture_output=True, text=True, timeout=60,
+                                env={**os.environ, "PROXY_SHARD_NAMESPACE": "sweep"}) for args in runs]
+    for args, proc in zip(runs, procs, strict=True):
+        shown = proc.stdout + proc.stderr
+        assert proc.returncode in (1, 2), (args[-1], shown)
+        assert "Traceback" not in shown and shown.strip(), (args[-1], shown)
+        assert SECRET not in shown, (args[-1], shown)
+
+
+@pytest.mark.parametrize("settings", [
+    {"PROXY_SHARD_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0?password={SECRET}"},
+    {"PROXY_SHARD_REDIS_URL": f"redis://u:{SECRET}@127.0.0.1:{free_port()}/0"},
+    {"PROXY_SHARD_MODE": "embedded", "PROXY_SHARD_PROXIES": f"http://u:{SECRET},{SECRET}@10.0.0.1:80,10.0.0.2:80"},
+    {"PROXY_SHARD_MODE": "embedded", "PROXY_SHARD_PROXIES": f"10.0.0.1:80:u:{SECRET} http://u:{SECRET}"},
+], ids=["redis-query-password", "redis-userinfo", "proxies-comma", "proxies-no-host"])
+def test_the_spider_log_never_shows_the_secret(tmp_path, settings):
+    (tmp_path / "sweep.py").write_text(SPIDER)
+    args = [arg for name, value in settings.items() for arg in ("-s", f"{name}={value}")]
+    proc = subprocess.run([sys.executable, "-m", "scrapy", "runspider", "sweep.py", "-s", "LOG_LEVEL=DEBUG",
+                           "-s", "TELNETCONSOLE_ENABLED=False", *args], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+    log = proc.stdout + proc.stderr
+    assert "proxy_shard" in log and "ERROR" in log, log[-3000:]  # the crawl did take the error path
+    assert SECRET not in log, log[-3000:]

@@ -73,3 +73,26 @@ def test_proxy_type_tag_is_validated():
     assert make_proxy("h.example:1", {"type": "residential"}).tags == {"type": "residential"}
     with pytest.raises(ProxyURLError, match="unknown type 'cheap'"):
         make_proxy("h.example:1", {"type": "cheap"})
+
+
+@pytest.mark.parametrize(("text", "shown"), [
+    ("redis://h:6379/0?password=TopSecret", "redis://h:6379/0?password=***"),
+    ("redis://h/0?db=1&password=TopSecret&username=alice", "redis://h/0?db=***&password=***&username=***"),
+    ("unix:///run/redis.sock?password=TopSecret", "unix:///run/redis.sock?password=***"),
+    ("http://alice:TopSecret", "http://***:***"),                  # credentials with no host
+    ("alice:TopSecret", "***:***"),
+    ("h.example:1:alice", "h.example:1:***"),                      # host:port:user
+    ("http://alice:Top/Se?cr#et@h:1", "http://***:***@h:1"),       # raw '/', '?', '#' in a password
+    ("h.example:1:alice:Top/Secret?x", "h.example:1:***:***"),
+    ("[::1]:8080:alice:TopSecret", "[::1]:8080:***:***"),
+    (b"redis://:TopSecret@h:1", "redis://***:***@h:1"),
+    (12345, "<int>"),
+])
+def test_mask_hides_every_credential_spelling(text, shown):
+    assert mask(text) == shown
+
+
+def test_host_port_user_without_password_says_what_is_missing():
+    with pytest.raises(ProxyURLError, match="host:port:user:pass needs both a user name and a password") as info:
+        parse_proxy("1.2.3.4:3128:useronly")
+    assert "useronly" not in str(info.value) and "1.2.3.4:3128" in str(info.value)

@@ -74,3 +74,91 @@ def test_redis_connection_settings():
         client_params(parse(PROXY_SHARD_REDIS_PARAMS={"decode_responses": False}))
     client = async_client(parse(PROXY_SHARD_REDIS_URL="redis://127.0.0.1:1/0"))
     assert client.connection_pool.connection_kwargs["port"] == 1
+
+
+@pytest.mark.parametrize(("name", "value", "message"), [
+    ("PROXY_SHARD_REDIS_SENTINELS", 5, r"PROXY_SHARD_REDIS_SENTINELS \(int '5'\) must be a list"),
+    # 'h:abc' might be user:password: masked whole
+    ("PROXY_SHARD_REDIS_SENTINELS", ["h:26379", "h:abc"], r"SENTINELS: '\*\*\*:\*\*\*' is not host:port"),
+    ("PROXY_SHARD_SITES", {5: {"concurrency": 2}}, r"PROXY_SHARD_SITES: invalid site 5"),
+    ("PROXY_SHARD_SITES", {"*": {"concurrency": 2}}, r"PROXY_SHARD_SITES: invalid site '\*'"),
+    ("PROXY_SHARD_SITE_POOLS", {"": "dc"}, r"PROXY_SHARD_SITE_POOLS: invalid site ''"),
+    ("PROXY_SHARD_PLATFORMS", {"amazon": ["*"]}, r"PROXY_SHARD_PLATFORMS\['amazon'\]: invalid site"),
+])
+def test_wrong_types_and_reserved_names_are_setting_errors_not_type_errors(name, value, message):
+    with pytest.raises(SettingError, match=message):
+        parse(**{name: value})
+
+
+def test_a_proxies_string_is_split_on_whitespace_only_so_a_comma_in_a_password_survives():
+    s = parse(PROXY_SHARD_PROXIES="http://u:pa,ss@10.0.0.1:80\n 10.0.0.2:80  10.0.0.3:80:u:p,w")
+    assert s.proxies == {"default": ("http://u:pa,ss@10.0.0.1:80", "10.0.0.2:80", "10.0.0.3:80:u:p,w")}
+
+
+def test_a_comma_separated_proxies_string_is_refused_without_showing_a_password():
+    with pytest.raises(SettingError, match=r"PROXY_SHARD_PROXIES\['default'\] entry 1: .*never on commas") as info:
+        parse(PROXY_SHARD_PROXIES="http://u:Pa55,wOrdZ@10.0.0.1:80,http://v:OtherQ,PwY@10.0.0.2:80")
+    assert not any(part in str(info.value) for part in ("Pa55", "wOrdZ", "OtherQ", "PwY"))
+
+
+def test_a_bad_proxies_entry_stops_at_start_naming_setting_pool_and_entry():
+    with pytest.raises(SettingError, match=r"PROXY_SHARD_PROXIES\['dc'\] entry 2: .*needs both") as info:
+        parse(PROXY_SHARD_PROXIES={"dc": ["10.0.0.1:80", "10.0.0.2:80:Secret-User"]})
+    assert "Secret-User" not in str(info.value)
+
+
+def test_redis_params_are_never_echoed_in_errors():
+    with pytest.raises(SettingError, match="PROXY_SHARD_REDIS_PARAMS") as info:
+        parse(PROXY_SHARD_REDIS_PARAMS='{"password": "Top-Secret"')
+    assert "Top-Secret" not in str(info.value)
+
+
+# --- the per-request lease margin (issue 8, item 14): code and README say the same ---------------
+
+def test_readme_states_the_lease_margin_the_runtime_uses():
+    import re
+    from pathlib import Path
+
+    from scrapy_proxy_shard.runtime import LEASE_MARGIN
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    row = next(line for line in readme.splitlines() if line.startswith("| `PROXY_SHARD_LEASE_TTL`"))
+    stated = re.findall(r"per request at least `download_timeout \+ (\d+)`", row)
+    assert stated == [f"{LEASE_MARGIN:g}"], row
+
+
+def test_a_request_lease_outlives_its_download_timeout_by_the_margin(redis_server, real_redis):
+    import asyncio
+
+    from scrapy import Request, Spider
+    from scrapy.utils.misc import build_from_crawler
+    from scrapy.utils.test import get_crawler
+
+    from scrapy_proxy_shard.middlewares import ProxyShardMiddleware
+    from scrapy_proxy_shard.runtime import LEASE_MARGIN
+    from scrapy_proxy_shard.store import PoolStore
+
+    PoolStore(real_redis, namespace="margin").add_proxies("default", ["10.8.0.1:3128"])
+    crawler = get_crawler(Spider, {"PROXY_SHARD_REDIS_URL": redis_server.url, "PROXY_SHARD_NAMESPACE": "margin",
+                                   "PROXY_SHARD_LEASE_TTL": 4, "DOWNLOAD_TIMEOUT": 2})
+    crawler.spider = Spider("margin")
+    mw = build_from_crawler(ProxyShardMiddleware, crawler)
+
+    async def lease_with(timeout: float) -> float:
+        request = Request("http://shop.example/", meta={"download_timeout": timeout})
+        await mw.process_request(request)
+        key = next(real_redis.scan_iter("{margin:default}:lease:*"))
+        pttl = real_redis.pttl(key) / 1000
+        await mw.runtime.finish(request, "ok")
+        return pttl
+
+    async def scenario():
+        await mw.runtime.spider_opened(crawler.spider)
+        try:
+            return await lease_with(100), await lease_with(1)
+        finally:
+            await mw.runtime.spider_closed(crawler.spider)
+
+    long_download, short_download = asyncio.run(scenario())
+    assert 100 + LEASE_MARGIN - 1 < long_download <= 100 + LEASE_MARGIN  # the download's time, plus the margin
+    assert 3 < short_download <= 4  # PROXY_SHARD_LEASE_TTL when it is the longer
