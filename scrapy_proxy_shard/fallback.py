@@ -276,20 +276,28 @@ class FallbackPoolStore:
             self.local = AsyncPoolStore(embedded_client(), **store_kwargs(self.settings))
         return self.local
 
+    def _probe_limit(self) -> float:
+        """Longest pause between probes. The host that sees Redis back first uses it alone once its
+        grace is over; by then every other host must have seen it too and adopted its local leases,
+        or Redis hands their slots out again. So probe at least twice per grace period."""
+        grace = self.settings.fallback_grace
+        return max(0.05, min(PROBE_MAX, grace / 2)) if grace > 0 else PROBE_MAX
+
     async def _probe_redis(self) -> None:
-        delay = PROBE_MIN
+        limit = self._probe_limit()
+        delay = min(PROBE_MIN, limit)
         while self.state == "fallback":
             await asyncio.sleep(delay)
             try:
                 await self.primary.ping()
             except PoolBackendError:
-                delay = min(delay * 2, PROBE_MAX)
+                delay = min(delay * 2, limit)
                 continue
             try:
                 await self._reconcile()
             except ProxyShardError as exc:
                 logger.warning("proxy_shard: Redis answered but reconciling failed (%(e)s); retrying", {"e": exc})
-                delay = PROBE_MIN
+                delay = min(PROBE_MIN, limit)
                 continue
             self.state = "grace"
             self._grace_until = self.clock() + self.settings.fallback_grace
@@ -317,16 +325,20 @@ class FallbackPoolStore:
             await self._adopt(token, lease)
 
     async def _adopt(self, token: str, lease: Lease) -> None:
-        if token in self._adopted:
+        if token in self._adopted or token not in self._local_leases:  # adopted, or already released
             return
         concurrency = self._site_concurrency.get((lease.pool, lease.site), 1)
         ttl = max(1.0, lease.expires_at - time.time())
         held = await self.primary.hold(lease.pool, lease.site, lease.member, ttl=ttl, concurrency=concurrency)
-        if isinstance(held, Lease):
+        if not isinstance(held, Lease):
+            self._inc("leases_not_adopted")
+        elif token not in self._local_leases:
+            # The request ended while hold() ran: release() found nothing adopted to give back, and
+            # nobody else would ever release this Redis lease (its slot stayed held for the TTL).
+            await self._quietly(self.primary.release(held))
+        else:
             self._adopted[token] = held
             self._inc("leases_adopted")
-        else:
-            self._inc("leases_not_adopted")
 
     def _leave_fallback(self) -> None:
         seconds = self.clock() - self._entered_at

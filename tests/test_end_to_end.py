@@ -1,5 +1,6 @@
 """Real crawls: 3 `scrapy crawl` processes, real local proxies, the local anti-bot site, a real
-redis-server. Every assertion is computed from the *site's* log (what an anti-bot system sees)."""
+redis-server. Every assertion is computed from the *site's* log (what an anti-bot system sees).
+The demo harness starts its own redis-server: ``redis_server_env`` gives it each line in turn."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ pytestmark = pytest.mark.slow
 PROJECT = Path(__file__).resolve().parents[1] / "example_project"
 
 
-def test_three_hosts_share_one_pool_without_overlap(tmp_path):
+def test_three_hosts_share_one_pool_without_overlap(tmp_path, redis_server_env):
     config = DemoConfig(hosts=3, pages=12, flows=1, workdir=tmp_path, progress=False, timeout=240)
     result = run_demo(config)
     report = result.format()
@@ -80,9 +81,12 @@ def test_malformed_setting_stops_the_crawl_before_any_request(redis_server):
     assert "PROXY_SHARD_MIN_INTERVAL ('soon') must be a number" in proc.stderr
 
 
-def test_redis_outage_mid_crawl_falls_back_without_overlap_and_recovers(tmp_path):
+def test_redis_outage_mid_crawl_falls_back_without_overlap_and_recovers(tmp_path, redis_server_env):
     """Kill the redis-server after 40 pages, start it again (empty) 2.5 s later: the crawl finishes,
-    every page is scraped, no IP overlaps on a site during or after the outage, quarantines hold."""
+    every page is scraped, no IP overlaps on a site during or after the outage, quarantines hold.
+
+    It was flaky under load on two fallback races (tests/test_fallback_races.py): a 2 s grace with
+    probes up to 4 s apart, and a lease released while the probe adopted it into Redis."""
     config = DemoConfig(
         hosts=3, pages=60, flows=0, workdir=tmp_path, progress=False, timeout=240, outage=(40, 2.5),
         settings={"PROXY_SHARD_FALLBACK_GRACE": "2", "PROXY_SHARD_FALLBACK_WARMUP": "1",
@@ -99,7 +103,7 @@ def test_redis_outage_mid_crawl_falls_back_without_overlap_and_recovers(tmp_path
     assert sum(h.stats.get("proxy_shard/fallback/leases", 0) for h in result.hosts) > 0, report
 
 
-def test_a_host_killed_mid_crawl_frees_its_leases_within_the_ttl(tmp_path):
+def test_a_host_killed_mid_crawl_frees_its_leases_within_the_ttl(tmp_path, redis_server_env):
     config = DemoConfig(hosts=3, pages=60, flows=1, workdir=tmp_path, progress=False, timeout=240, crash=(1, 40),
                         settings={"PROXY_SHARD_LEASE_TTL": "4", "DOWNLOAD_TIMEOUT": "2"})
     result = run_demo(config)

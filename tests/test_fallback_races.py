@@ -1,0 +1,91 @@
+"""Races of the fallback store around Redis coming back (they made the end-to-end outage crawl flaky
+under load): a lease released while it is being adopted, and a host noticing Redis too late."""
+
+from __future__ import annotations
+
+import asyncio
+
+import redis
+import redis.asyncio
+
+from scrapy_proxy_shard import fallback
+from scrapy_proxy_shard.fallback import FallbackPoolStore
+from scrapy_proxy_shard.redis_server import RedisServer
+from scrapy_proxy_shard.settings import ShardSettings
+from scrapy_proxy_shard.store import AsyncPoolStore, Lease, PoolStore
+
+PROXIES = [f"http://10.9.0.{i}:3128" for i in range(1, 7)]
+
+
+def _store(url: str, grace: float) -> FallbackPoolStore:
+    settings = ShardSettings.from_settings({
+        "PROXY_SHARD_REDIS_URL": url, "PROXY_SHARD_HOST_ID": "host-a", "PROXY_SHARD_HOSTS": ["host-a"],
+        "PROXY_SHARD_FALLBACK_GRACE": grace, "PROXY_SHARD_FALLBACK_WARMUP": 0, "PROXY_SHARD_PROXIES": PROXIES,
+        "PROXY_SHARD_REDIS_PARAMS": {"socket_connect_timeout": 1},
+    })
+    client = redis.asyncio.Redis.from_url(url, decode_responses=True, socket_connect_timeout=1)
+    return FallbackPoolStore(AsyncPoolStore(client, host_id="host-a", url_for_errors=url), settings)
+
+
+def test_a_lease_released_while_it_is_being_adopted_is_not_left_held_in_redis(redis_binary):
+    """The probe adopts local leases one by one (a round trip each); a request ending meanwhile
+    released only its local lease, and the Redis lease adopted a moment later was held by nobody
+    until its TTL ran out."""
+    server = RedisServer(binary=redis_binary.path).start()
+    try:
+        PoolStore(redis.Redis.from_url(server.url, decode_responses=True)).add_proxies("default", PROXIES)
+
+        async def scenario() -> int:
+            store = _store(server.url, grace=30)
+            await store.release(await store.lease("default", "a.example", ttl=30))  # takes the snapshot
+            server.kill()
+            first = await store.lease("default", "a.example", ttl=30)
+            second = await store.lease("default", "a.example", ttl=30)
+            assert store.state == "fallback" and isinstance(second, Lease)
+            adopting = asyncio.Event()
+            real_hold = store.primary.hold
+
+            async def slow_hold(*args, **kwargs):  # a loaded machine: the round trip takes a while
+                adopting.set()
+                await asyncio.sleep(0.3)
+                return await real_hold(*args, **kwargs)
+
+            store.primary.hold = slow_hold
+            server.start()  # empty, same port
+            await asyncio.wait_for(adopting.wait(), 15)
+            await store.release(first)  # both requests end while the first is being adopted
+            await store.release(second)
+            while store.state == "fallback":
+                await asyncio.sleep(0.05)
+            admin = PoolStore(redis.Redis.from_url(server.url, decode_responses=True))
+            held = admin.site_state("default", "a.example").held
+            await store.aclose()
+            return held
+
+        assert asyncio.run(scenario()) == 0
+    finally:
+        server.stop()
+
+
+def test_a_host_in_fallback_probes_at_least_twice_per_grace_period(monkeypatch):
+    """The first host to see Redis back uses it alone once its grace is over: a host still waiting
+    out a 4 s probe back-off (0.5 s doubling to 5 s) then shares its slice's proxies with it."""
+    nowhere = RedisServer()  # never started: nothing listens on its port
+    pauses: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def recorded_sleep(delay, *args, **kwargs):
+        pauses.append(delay)
+        return await real_sleep(0, *args, **kwargs)  # fast-forward: only the schedule matters
+
+    async def scenario() -> None:
+        store = _store(nowhere.url, grace=2)
+        monkeypatch.setattr(fallback.asyncio, "sleep", recorded_sleep)
+        await store.start_offline(ConnectionError("down at start"))
+        while len(pauses) < 8:
+            await real_sleep(0.01)
+        monkeypatch.undo()
+        await store.aclose()
+
+    asyncio.run(scenario())
+    assert pauses and max(pauses) <= 2 / 2, pauses
