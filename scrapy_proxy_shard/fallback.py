@@ -371,6 +371,7 @@ class FallbackPoolStore:
             # Redis says another host holds that slot: give it back locally and try another.
             self._local_leases.pop(result.token, None)
             await local.release(result, outcome="unknown")
+            self._inc("leases_returned")  # counted in /leases, never handed to a request
             return LeaseWait(0.05, "held")
 
     async def _quietly(self, coro) -> None:

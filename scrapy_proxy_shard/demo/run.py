@@ -23,6 +23,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import redis
 
@@ -64,6 +65,14 @@ class DemoConfig:
     outage: tuple[int, float] | None = None
     #: SIGKILL host number ``crash[0]`` once the site has served ``crash[1]`` pages.
     crash: tuple[int, int] | None = None
+    #: Let a request that escapes the proxies reach the site (the site's port in the URLs, ``*.test``
+    #: resolved to 127.0.0.1 by :class:`~.resolver.DemoSiteResolver`), so the site logs it as a
+    #: request from the host's own address and the "no direct request" check can fail.
+    direct_reachable: bool = False
+    #: Fault-injection hook, called while the hosts run (see :class:`Injector`).
+    injector: Injector | None = None
+    #: Extra redis-server arguments (e.g. ``--enable-debug-command local`` for a stall test).
+    redis_args: tuple[str, ...] = ()
 
     def shard_pages(self, host: int) -> set[tuple[str, str]]:
         return {(site, path) for site, path in self.expected_pages
@@ -76,6 +85,16 @@ class DemoConfig:
     @property
     def expected_flows(self) -> int:
         return self.hosts * len(self.sites) * self.flows
+
+
+class Injector(Protocol):
+    """What a fault-injection test plugs into the run: ``tick`` every poll (0.25 s) while the hosts
+    run, with the seconds since they started and the pages the site has served; ``finish`` once they
+    have all exited, while the redis-server is still up."""
+
+    def tick(self, server: RedisServer, elapsed: float, served: int) -> None: ...
+
+    def finish(self, server: RedisServer) -> None: ...
 
 
 @dataclass
@@ -109,6 +128,8 @@ class DemoResult:
     duration: float
     workdir: Path
     events: Events = field(default_factory=Events)
+    #: Requests the site got from an address no proxy egresses from: sent from the host itself.
+    direct_requests: list[dict] = field(default_factory=list)
 
     @property
     def survivors(self) -> list[HostRun]:
@@ -147,6 +168,10 @@ class DemoResult:
              f"{len(self.quarantine_reuse)} reuses"),
             ("every lease released", self.leases_left == 0, f"{self.leases_left} slots still held"),
         ]
+        if self.config.direct_reachable:
+            checks.append(("zero requests from the host's own address", not self.direct_requests,
+                           f"{len(self.direct_requests)} direct requests"
+                           + "".join(f"; {e['ip']} {e['site']}{e['path']}" for e in self.direct_requests[:3])))
         if self.config.crash:
             gone = self.events.crash_leases_gone_after
             ttl = float(self.config.settings.get("PROXY_SHARD_LEASE_TTL", 60))
@@ -193,7 +218,7 @@ def run_demo(config: DemoConfig) -> DemoResult:
     site_log = workdir / "site.log"
     started = time.monotonic()
     children: list[subprocess.Popen] = []
-    server = RedisServer().start()
+    server = RedisServer(extra_args=config.redis_args).start()
     try:
         site_port = _start_site(config, workdir, site_log, children)
         manifest = _start_proxies(config, workdir, site_port, children)
@@ -203,7 +228,9 @@ def run_demo(config: DemoConfig) -> DemoResult:
         _say(config, f"redis-server {server.url}, site on 127.0.0.1:{site_port}, {len(manifest)} proxies "
                      f"({RESIDENTIAL} residential), {config.hosts} hosts starting")
         events = Events()
-        hosts = _run_hosts(config, workdir, server, site_log, events)
+        hosts = _run_hosts(config, workdir, server, site_log, events, site_port)
+        if config.injector is not None:
+            config.injector.finish(server)
         leases_left = _leases_of(server, None)
         store.client.close()
     finally:
@@ -212,8 +239,10 @@ def run_demo(config: DemoConfig) -> DemoResult:
         server.stop()
     entries = read_log(site_log)
     summary = summarize(entries, expected_pages=config.expected_pages)
+    egress = {m["source_ip"] for m in manifest}
     return DemoResult(config, summary, hosts, leases_left, _quarantine_reuse(entries, config.ban_ttl * 0.9),
-                      time.monotonic() - started, workdir, events)
+                      time.monotonic() - started, workdir, events,
+                      direct_requests=[e for e in entries if e["ip"] not in egress])
 
 
 def _start_site(config: DemoConfig, workdir: Path, log: Path, children: list) -> int:
@@ -244,16 +273,20 @@ def _load_pools(store: PoolStore, manifest: list[dict]) -> None:
 
 
 def _run_hosts(config: DemoConfig, workdir: Path, server: RedisServer, site_log: Path,
-               events: Events) -> list[HostRun]:
+               events: Events, site_port: int) -> list[HostRun]:
     redis_url = server.url
     host_ids = ",".join(f"host-{i}" for i in range(config.hosts))
     extra = [arg for name, value in config.settings.items() for arg in ("-s", f"{name}={value}")]
+    sites = ",".join(config.sites)
+    if config.direct_reachable:
+        sites = ",".join(f"{site}:{site_port}" for site in config.sites)
+        extra += ["-s", "TWISTED_DNS_RESOLVER=scrapy_proxy_shard.demo.resolver.DemoSiteResolver"]
     procs = []
     for i in range(config.hosts):
         name = f"host-{i}"
         env = {**os.environ, "PROXY_SHARD_REDIS_URL": redis_url, "STATS_DUMP_FILE": str(workdir / f"{name}.stats.json")}
         cmd = [sys.executable, "-m", "scrapy", "crawl", "shop", "-a", f"shard={i}", "-a", f"shards={config.hosts}",
-               "-a", f"sites={','.join(config.sites)}", "-a", f"pages={config.pages}", "-a", f"flows={config.flows}",
+               "-a", f"sites={sites}", "-a", f"pages={config.pages}", "-a", f"flows={config.flows}",
                "-a", f"flow_steps={config.flow_steps}", "-s", f"PROXY_SHARD_HOST_ID={name}",
                "-s", f"PROXY_SHARD_BAN_TTL={config.ban_ttl}", "-s", f"PROXY_SHARD_HOSTS={host_ids}", *extra,
                "-O", str(workdir / f"{name}.items.jsonl"), "--logfile", str(workdir / f"{name}.log")]
@@ -269,9 +302,11 @@ def _run_hosts(config: DemoConfig, workdir: Path, server: RedisServer, site_log:
                 _stop(p)
             break
         time.sleep(0.25)
-        if config.outage or config.crash:
+        if config.outage or config.crash or config.injector:
             served = summarize(read_log(site_log)).ok_pages
             _disturb(config, server, procs, events, time.monotonic() - t0, served)
+            if config.injector is not None:
+                config.injector.tick(server, time.monotonic() - t0, served)
         if config.progress and time.monotonic() - last_print >= 1.0:
             last_print = time.monotonic()
             s = summarize(read_log(site_log), expected_pages=config.expected_pages)
