@@ -364,10 +364,11 @@ def test_proxies_from_settings_are_loaded_and_malformed_ones_named():
     h = Harness({"PROXY_SHARD_PROXIES": {"extra": ["10.9.9.9:8080"]}})
     run(h.open())
     assert [r.proxy.url for r in h.admin.list_proxies("extra")] == ["http://10.9.9.9:8080"]
-    with pytest.raises(SettingError) as bad:  # validated with the other settings, before anything opens
-        Harness({"PROXY_SHARD_PROXIES": ["http://u:Hunter2@bad host:1"]})
-    assert "Hunter2" not in str(bad.value)
-    assert "PROXY_SHARD_PROXIES['default'] entry 1" in str(bad.value) and "contains whitespace" in str(bad.value)
+    bad = Harness({"PROXY_SHARD_PROXIES": ["http://u:Hunter2@bad host:1"]})  # refuses, sends nothing
+    assert bad.runtime is None
+    error = str(StartupGate.for_crawler(bad.crawler).error)
+    assert "Hunter2" not in error
+    assert "PROXY_SHARD_PROXIES['default'] entry 1" in error and "contains whitespace" in error
 
 
 def test_spider_closed_releases_what_is_left():
