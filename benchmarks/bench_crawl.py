@@ -207,8 +207,8 @@ def install_trace() -> None:
     Wraps ``ShardRuntime.acquire``/``finish`` and ``AsyncPoolStore.lease``/``wait_for_release`` of this
     crawl process only (nothing in the package changes); a few microseconds per request.
     """
-    from scrapy_proxy_shard.runtime import ShardRuntime
-    from scrapy_proxy_shard.store import AsyncPoolStore, Lease, _StoreBase
+    from scrapy_proxy_shard.crawl.runtime import ShardRuntime
+    from scrapy_proxy_shard.engine.store import AsyncPoolStore, Lease, _StoreBase
 
     acquire, finish = ShardRuntime.acquire, ShardRuntime.finish
 
@@ -249,7 +249,7 @@ def install_sleep_wait() -> None:
     1/hz tick (100 ms at the default hz 10). Quarantine and held waits still block on the freed list."""
     import asyncio
 
-    from scrapy_proxy_shard.runtime import MAX_BLOCK, ShardRuntime
+    from scrapy_proxy_shard.crawl.runtime import MAX_BLOCK, ShardRuntime
 
     async def _wait(self, pool, site, wait, remaining):
         pause = min(wait.wait, remaining)
@@ -306,7 +306,7 @@ class Kids:
         return proc
 
     def redis(self, hz: int | None = None) -> Any:
-        from scrapy_proxy_shard.redis_server import RedisServer
+        from scrapy_proxy_shard.demo.redis_server import RedisServer
 
         server = RedisServer(extra_args=("--hz", str(hz)) if hz else ())
         self.servers.append(server)
@@ -381,7 +381,7 @@ def start_fleet(kids: Kids, workdir: Path, site_port: int, *, count: int, auth: 
 def load_pool(redis_url: str, namespace: str, urls: list[str]) -> None:
     import redis
 
-    from scrapy_proxy_shard.store import PoolStore
+    from scrapy_proxy_shard.engine.store import PoolStore
 
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     try:
@@ -642,7 +642,7 @@ def run_scenario(args: argparse.Namespace, kids: Kids, workdir: Path, variant: s
 def leases_held(redis_url: str) -> int:
     import redis
 
-    from scrapy_proxy_shard.store import PoolStore
+    from scrapy_proxy_shard.engine.store import PoolStore
 
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     try:
@@ -707,7 +707,7 @@ def breakdown(entries: list[dict], hosts: list[dict], manifest: list[dict], args
     the free slot waited for a taker; out = site start of k+1 - its lease (Scrapy downloader -> proxy ->
     new upstream connection -> site).
     """
-    from scrapy_proxy_shard.proxies import make_proxy
+    from scrapy_proxy_shard.engine.proxies import make_proxy
 
     ip_of = {make_proxy(m["url"]).id: m["source_ip"] for m in manifest}
     leases: dict[tuple[str, str], list[float]] = defaultdict(list)  # (url, ip) -> Redis lease times
@@ -884,7 +884,7 @@ def redis_version() -> str:
 def machine_lines() -> list[str]:
     import scrapy as scrapy_mod
 
-    from scrapy_proxy_shard.redis_server import find_redis_server
+    from scrapy_proxy_shard.demo.redis_server import find_redis_server
 
     try:
         binary = find_redis_server()

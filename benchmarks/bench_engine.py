@@ -40,8 +40,8 @@ from typing import Any
 import redis
 
 from scrapy_proxy_shard import keys
-from scrapy_proxy_shard.redis_server import RedisServer
-from scrapy_proxy_shard.store import Lease, PoolStore
+from scrapy_proxy_shard.demo.redis_server import RedisServer
+from scrapy_proxy_shard.engine.store import Lease, PoolStore
 
 SIZES = (500, 10_000, 100_000)
 NAMESPACE = "bench"

@@ -5,7 +5,9 @@ two hosts send from one IP to one site at the same moment; bans are quarantined 
 once; sticky sessions keep one IP for a session's lifetime.
 """
 
-from .exceptions import (
+from scrapy_proxy_shard.engine.proxies import Proxy, make_proxy, mask, parse_proxy, proxy_id
+from scrapy_proxy_shard.engine.store import AsyncPoolStore, Lease, LeaseWait, PoolStore, ReleaseResult
+from scrapy_proxy_shard.exceptions import (
     NoProxyAvailable,
     PoolBackendError,
     ProxyBanned,
@@ -14,9 +16,7 @@ from .exceptions import (
     SettingError,
     UnknownPoolError,
 )
-from .proxies import Proxy, make_proxy, mask, parse_proxy, proxy_id
-from .settings import ShardSettings
-from .store import AsyncPoolStore, Lease, LeaseWait, PoolStore, ReleaseResult
+from scrapy_proxy_shard.settings import ShardSettings
 
 __version__ = "0.1.0"
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from scrapy.utils.misc import load_object
 
-from .wiring import BAN_MIDDLEWARE, GUARD_MIDDLEWARE, LEASE_MIDDLEWARE, PRIORITIES
+from scrapy_proxy_shard.crawl.wiring import BAN_MIDDLEWARE, GUARD_MIDDLEWARE, LEASE_MIDDLEWARE, PRIORITIES
 
 __all__ = ["BAN_MIDDLEWARE", "GUARD_MIDDLEWARE", "LEASE_MIDDLEWARE", "PRIORITIES", "ProxyShardAddon"]
 

@@ -27,13 +27,13 @@ from scrapy.exceptions import IgnoreRequest, NotConfigured
 from scrapy.http import Response
 from scrapy.utils.misc import build_from_crawler, load_object
 
-from .exceptions import InvalidSessionId, ProxyBanned, ProxyShardError, SettingError, UnknownPoolError
-from .keys import check_session_id
-from .policy import FINE, Verdict
-from .proxies import mask
-from .runtime import STATS, ShardRuntime
-from .settings import ShardSettings
-from .startup import StartupGate
+from scrapy_proxy_shard.crawl.runtime import STATS, ShardRuntime
+from scrapy_proxy_shard.crawl.startup import StartupGate
+from scrapy_proxy_shard.engine.proxies import mask
+from scrapy_proxy_shard.engine.schema import check_session_id
+from scrapy_proxy_shard.exceptions import InvalidSessionId, ProxyBanned, ProxyShardError, SettingError, UnknownPoolError
+from scrapy_proxy_shard.policy import FINE, Verdict
+from scrapy_proxy_shard.settings import ShardSettings
 
 logger = logging.getLogger(__name__)
 

@@ -36,10 +36,10 @@ from twisted.python.failure import Failure
 from twisted.web._newclient import ResponseFailed, ResponseNeverReceived
 from w3lib.url import safe_url_string
 
-from .decoding import decode_body
-from .exceptions import SettingError
-from .settings import _integer, _mapping, _number
-from .sites import registrable_domain, site_of_url
+from scrapy_proxy_shard.crawl.decoding import decode_body
+from scrapy_proxy_shard.engine.sites import registrable_domain, site_of_url
+from scrapy_proxy_shard.exceptions import SettingError
+from scrapy_proxy_shard.settings import _integer, _mapping, _number
 
 __all__ = [
     "DEFAULT_BAN_CODES",

@@ -14,9 +14,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .exceptions import SettingError
-from .keys import check_name
-from .proxies import mask, parse_proxy
+from scrapy_proxy_shard.engine.bans import BanOptions
+from scrapy_proxy_shard.engine.proxies import mask, parse_proxy
+from scrapy_proxy_shard.engine.schema import check_name
+from scrapy_proxy_shard.exceptions import SettingError
 
 DEFAULTS: dict[str, Any] = {
     "PROXY_SHARD_ENABLED": True,
@@ -81,17 +82,6 @@ class SiteOptions:
 
     concurrency: int
     min_interval: float
-
-
-@dataclass(frozen=True)
-class BanOptions:
-    """How long quarantines last (seconds): base TTL doubling per strike up to a cap, with jitter."""
-
-    ttl: float = 1800.0
-    max_ttl: float = 21600.0
-    jitter: float = 0.1
-    strike_window: float = 86400.0
-    dead_ttl: float = 300.0
 
 
 @dataclass(frozen=True)
@@ -299,7 +289,7 @@ def _name(get, name: str, kind: str) -> str:
 
 
 def _sites(get, concurrency: int, min_interval: float) -> dict[str, SiteOptions]:
-    from .sites import check_site
+    from scrapy_proxy_shard.engine.sites import check_site
 
     out: dict[str, SiteOptions] = {}
     for site, options in _mapping(get, "PROXY_SHARD_SITES").items():
@@ -329,7 +319,7 @@ _EXTRA_SITE_OPTIONS = {"required_css", "min_body_size", "min_body_ratio", "ban_c
 
 
 def _site_groups(get) -> dict[str, tuple[str, ...]]:
-    from .sites import SITE_KEY_RE, check_site
+    from scrapy_proxy_shard.engine.sites import SITE_KEY_RE, check_site
 
     out: dict[str, tuple[str, ...]] = {}
     for group, members in _mapping(get, "PROXY_SHARD_SITE_GROUPS").items():
@@ -347,7 +337,7 @@ def _site_groups(get) -> dict[str, tuple[str, ...]]:
 
 
 def _site_pools(get) -> dict[str, str]:
-    from .sites import check_site
+    from scrapy_proxy_shard.engine.sites import check_site
 
     out: dict[str, str] = {}
     for site, pool in _mapping(get, "PROXY_SHARD_SITE_POOLS").items():
@@ -441,7 +431,7 @@ def _hosts(get, host_id: str) -> tuple[str, ...]:
 
 
 def _platforms(get) -> dict[str, tuple[str, ...]]:
-    from .sites import check_site
+    from scrapy_proxy_shard.engine.sites import check_site
 
     out: dict[str, tuple[str, ...]] = {}
     for platform, sites in _mapping(get, "PROXY_SHARD_PLATFORMS").items():

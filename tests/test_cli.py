@@ -16,10 +16,10 @@ import pytest
 import redis
 from click.testing import CliRunner
 
-from scrapy_proxy_shard.cli import cli
-from scrapy_proxy_shard.redis_server import RedisServer, free_port
-from scrapy_proxy_shard.snapshot import read_pool
-from scrapy_proxy_shard.store import Lease, LeaseWait, PoolStore
+from scrapy_proxy_shard.demo.redis_server import RedisServer, free_port
+from scrapy_proxy_shard.engine.store import Lease, LeaseWait, PoolStore
+from scrapy_proxy_shard.ops.cli import cli
+from scrapy_proxy_shard.ops.snapshot import read_pool
 
 NS = "clitest"
 GOOD = """\

@@ -19,10 +19,10 @@ import pytest
 import redis
 from click.testing import CliRunner
 
-from scrapy_proxy_shard.cli import cli as cli_group
-from scrapy_proxy_shard.exporter import serve
-from scrapy_proxy_shard.redis_server import RedisServer, free_port
-from scrapy_proxy_shard.store import PoolStore
+from scrapy_proxy_shard.demo.redis_server import RedisServer, free_port
+from scrapy_proxy_shard.engine.store import PoolStore
+from scrapy_proxy_shard.ops.cli import cli as cli_group
+from scrapy_proxy_shard.ops.exporter import serve
 
 pytestmark = pytest.mark.slow
 PROJECT = Path(__file__).resolve().parents[1] / "example_project"
@@ -250,8 +250,8 @@ BAD_SETTINGS = [
 
 @pytest.mark.parametrize("bad", BAD_SETTINGS, ids=lambda b: next(iter(b)))
 def test_setting_errors_never_show_the_secret(bad):
-    from scrapy_proxy_shard.connection import async_client
     from scrapy_proxy_shard.exceptions import SettingError
+    from scrapy_proxy_shard.modes.connection import async_client
     from scrapy_proxy_shard.settings import ShardSettings
 
     with pytest.raises(SettingError) as info:

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
+from scrapy_proxy_shard.engine.sites import SiteMap
+from scrapy_proxy_shard.engine.store import Lease, LeaseWait
 from scrapy_proxy_shard.exceptions import SettingError, UnknownPoolError
-from scrapy_proxy_shard.sites import SiteMap
-from scrapy_proxy_shard.store import Lease, LeaseWait
 
 POOL = "main"
 URLS = ["http://10.0.0.1:8000", "http://10.0.0.2:8000", "http://user:Pa55word@10.0.0.3:8000"]

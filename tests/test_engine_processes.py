@@ -14,8 +14,8 @@ import redis
 import redis.asyncio
 import redis.cluster
 
+from scrapy_proxy_shard.engine.store import AsyncPoolStore, Lease, LeaseWait, PoolStore
 from scrapy_proxy_shard.exceptions import PoolBackendError
-from scrapy_proxy_shard.store import AsyncPoolStore, Lease, LeaseWait, PoolStore
 
 POOL = "contended"
 SITES = {"a.example": 1, "b.example": 2}  # site -> per-proxy concurrency

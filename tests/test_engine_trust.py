@@ -22,13 +22,13 @@ from redis.retry import Retry
 from scrapy import Request, Spider
 from scrapy.utils.test import get_crawler
 
+from scrapy_proxy_shard.crawl.runtime import MIN_PAUSE
+from scrapy_proxy_shard.engine.proxies import make_proxy
+from scrapy_proxy_shard.engine.scripts import register_all
+from scrapy_proxy_shard.engine.store import Lease, LeaseWait, PoolStore
 from scrapy_proxy_shard.exceptions import NoProxyAvailable, PoolBackendError, SettingError, UnknownPoolError
 from scrapy_proxy_shard.middlewares import ProxyShardMiddleware
-from scrapy_proxy_shard.proxies import make_proxy
-from scrapy_proxy_shard.runtime import MIN_PAUSE
-from scrapy_proxy_shard.scripts import register_all
 from scrapy_proxy_shard.settings import ShardSettings
-from scrapy_proxy_shard.store import Lease, LeaseWait, PoolStore
 
 POOL = "main"
 URLS = ["http://10.0.0.1:8000", "http://10.0.0.2:8000", "http://user:Pa55word@10.0.0.3:8000"]
@@ -196,7 +196,7 @@ def test_a_lease_settled_before_it_runs_is_barred(store):
 
 
 def _one_script(name, prefix, args):
-    from scrapy_proxy_shard.store import _Script
+    from scrapy_proxy_shard.engine.store import _Script
 
     reply = yield _Script(name, (prefix,), args)
     return reply

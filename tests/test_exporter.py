@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from scrapy_proxy_shard.exporter import serve
-from scrapy_proxy_shard.redis_server import free_port
-from scrapy_proxy_shard.store import PoolStore
+from scrapy_proxy_shard.demo.redis_server import free_port
+from scrapy_proxy_shard.engine.store import PoolStore
+from scrapy_proxy_shard.ops.exporter import serve
 
 NS = "exp"
 URLS = ["http://alice:Pw-Exp-1@10.5.0.1:3128", "http://10.5.0.2:3128", "http://10.5.0.3:3128",

@@ -10,10 +10,10 @@ from collections import Counter
 
 import redis
 
-from scrapy_proxy_shard.fallback import FallbackPoolStore
-from scrapy_proxy_shard.redis_server import RedisServer
+from scrapy_proxy_shard.demo.redis_server import RedisServer
+from scrapy_proxy_shard.engine.store import AsyncPoolStore, Lease, PoolStore
+from scrapy_proxy_shard.modes.fallback import FallbackPoolStore
 from scrapy_proxy_shard.settings import ShardSettings
-from scrapy_proxy_shard.store import AsyncPoolStore, Lease, PoolStore
 
 PROXY = "http://10.9.0.1:3128"
 SITE = "a.example"

@@ -9,10 +9,10 @@ import redis
 import redis.asyncio
 
 from scrapy_proxy_shard import fallback
-from scrapy_proxy_shard.fallback import FallbackPoolStore
-from scrapy_proxy_shard.redis_server import RedisServer
+from scrapy_proxy_shard.demo.redis_server import RedisServer
+from scrapy_proxy_shard.engine.store import AsyncPoolStore, Lease, PoolStore
+from scrapy_proxy_shard.modes.fallback import FallbackPoolStore
 from scrapy_proxy_shard.settings import ShardSettings
-from scrapy_proxy_shard.store import AsyncPoolStore, Lease, PoolStore
 
 PROXIES = [f"http://10.9.0.{i}:3128" for i in range(1, 7)]
 

@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 import pytest
 import redis
 
+from scrapy_proxy_shard.demo.redis_server import RedisServer
 from scrapy_proxy_shard.demo.run import NAMESPACE, DemoConfig, DemoResult, run_demo
-from scrapy_proxy_shard.redis_server import RedisServer
-from scrapy_proxy_shard.store import PoolStore
+from scrapy_proxy_shard.engine.store import PoolStore
 
 pytestmark = pytest.mark.slow
 

@@ -14,13 +14,13 @@ from scrapy.http import HtmlResponse
 from scrapy.utils.misc import build_from_crawler
 from scrapy.utils.test import get_crawler
 
+from scrapy_proxy_shard.crawl.health import HostMonitor
+from scrapy_proxy_shard.crawl.logstats import PoolLogStats, pool_summary
+from scrapy_proxy_shard.engine.store import Beat, Lease, PoolStore
 from scrapy_proxy_shard.exceptions import PoolBackendError, SettingError
-from scrapy_proxy_shard.health import HostMonitor
-from scrapy_proxy_shard.logstats import PoolLogStats, pool_summary
 from scrapy_proxy_shard.middlewares import BanDetectionMiddleware, ProxyShardMiddleware
+from scrapy_proxy_shard.ops.snapshot import read_pool
 from scrapy_proxy_shard.settings import ShardSettings
-from scrapy_proxy_shard.snapshot import read_pool
-from scrapy_proxy_shard.store import Beat, Lease, PoolStore
 
 POOL = "main"
 URLS = ["http://u1:Pa55word@10.0.0.1:3128", "http://10.0.0.2:3128", "http://10.0.0.3:3128"]
@@ -207,7 +207,7 @@ def test_a_crawl_registers_beats_logs_its_pool_line_and_leaves_at_close(caplog):
     assert host.info["spider"] == "shop" and host.leases == 4 and host.ok == 4
     assert sum(host.load.values()) == 4
     assert admin.hosts(POOL) == [] and admin.hosts("other") == []  # left at close
-    lines = [r.getMessage() for r in caplog.records if r.name == "scrapy_proxy_shard.logstats"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "scrapy_proxy_shard.crawl.logstats"]
     assert lines, caplog.text
     assert "crawl-1: 5 leases" in lines[-1] and "100.0% ok" in lines[-1]
     assert "pool 'main': 3 proxies, 1 hosts, free shop.example 3/3" in lines[-1]

@@ -18,6 +18,9 @@ from twisted.internet.error import ConnectionRefusedError
 
 from scrapy_proxy_shard import signals as shard_signals
 from scrapy_proxy_shard.addon import ProxyShardAddon
+from scrapy_proxy_shard.crawl.startup import StartupGate
+from scrapy_proxy_shard.crawl.wiring import enabled_middlewares
+from scrapy_proxy_shard.engine.store import PoolStore
 from scrapy_proxy_shard.exceptions import (
     NoProxyAvailable,
     PoolBackendError,
@@ -26,9 +29,6 @@ from scrapy_proxy_shard.exceptions import (
     UnknownPoolError,
 )
 from scrapy_proxy_shard.middlewares import BanDetectionMiddleware, ProxyShardMiddleware
-from scrapy_proxy_shard.startup import StartupGate
-from scrapy_proxy_shard.store import PoolStore
-from scrapy_proxy_shard.wiring import enabled_middlewares
 
 PROXIES = ["http://alice:S3cret@10.9.0.1:3128", "http://10.9.0.2:3128", "http://10.9.0.3:3128"]
 PAGE = b"<html><body><div class='product'>x</div>" + b"<p>filler</p>" * 200 + b"</body></html>"

@@ -11,13 +11,13 @@ from scrapy import Request, Spider
 from scrapy.utils.misc import build_from_crawler
 from scrapy.utils.test import get_crawler
 
-from scrapy_proxy_shard.engines import initial_proxies
+from scrapy_proxy_shard.demo.redis_server import RedisServer
+from scrapy_proxy_shard.engine.store import AsyncPoolStore, Lease, PoolStore
 from scrapy_proxy_shard.exceptions import SettingError
-from scrapy_proxy_shard.fallback import FallbackPoolStore
 from scrapy_proxy_shard.middlewares import ProxyShardMiddleware
-from scrapy_proxy_shard.redis_server import RedisServer
+from scrapy_proxy_shard.modes.fallback import FallbackPoolStore
+from scrapy_proxy_shard.modes.pools import initial_proxies
 from scrapy_proxy_shard.settings import ShardSettings
-from scrapy_proxy_shard.store import AsyncPoolStore, Lease, PoolStore
 
 PROXIES = [f"http://10.7.0.{i}:3128" for i in range(1, 13)]
 HOSTS = ("host-a", "host-b", "host-c")

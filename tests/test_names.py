@@ -12,13 +12,13 @@ from scrapy.exceptions import IgnoreRequest
 from scrapy.utils.misc import build_from_crawler
 from scrapy.utils.test import get_crawler
 
+from scrapy_proxy_shard.engine.proxies import make_proxy, parse_proxy
+from scrapy_proxy_shard.engine.schema import MAX_SESSION_ID, check_name, check_session_id
+from scrapy_proxy_shard.engine.sites import SiteMap, check_site
+from scrapy_proxy_shard.engine.store import PoolStore
 from scrapy_proxy_shard.exceptions import InvalidSessionId, ProxyURLError, SettingError
-from scrapy_proxy_shard.keys import MAX_SESSION_ID, check_name, check_session_id
 from scrapy_proxy_shard.middlewares import ProxyShardMiddleware
-from scrapy_proxy_shard.proxies import make_proxy, parse_proxy
 from scrapy_proxy_shard.settings import ShardSettings
-from scrapy_proxy_shard.sites import SiteMap, check_site
-from scrapy_proxy_shard.store import PoolStore
 
 NS = "names"
 

@@ -1,7 +1,7 @@
 import pytest
 
+from scrapy_proxy_shard.engine.proxies import make_proxy, mask, parse_proxy, proxy_id, split_credentials
 from scrapy_proxy_shard.exceptions import ProxyURLError
-from scrapy_proxy_shard.proxies import make_proxy, mask, parse_proxy, proxy_id, split_credentials
 
 
 @pytest.mark.parametrize(

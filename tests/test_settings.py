@@ -1,8 +1,8 @@
 import pytest
 from scrapy.settings import Settings
 
-from scrapy_proxy_shard.connection import async_client, client_params, redis_url_of
 from scrapy_proxy_shard.exceptions import SettingError
+from scrapy_proxy_shard.modes.connection import async_client, client_params, redis_url_of
 from scrapy_proxy_shard.settings import ShardSettings, SiteOptions
 
 
@@ -119,7 +119,7 @@ def test_readme_states_the_lease_margin_the_runtime_uses():
     import re
     from pathlib import Path
 
-    from scrapy_proxy_shard.runtime import LEASE_MARGIN
+    from scrapy_proxy_shard.crawl.runtime import LEASE_MARGIN
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     row = next(line for line in readme.splitlines() if line.startswith("| `PROXY_SHARD_LEASE_TTL`"))
@@ -134,9 +134,9 @@ def test_a_request_lease_outlives_its_download_timeout_by_the_margin(redis_serve
     from scrapy.utils.misc import build_from_crawler
     from scrapy.utils.test import get_crawler
 
+    from scrapy_proxy_shard.crawl.runtime import LEASE_MARGIN
+    from scrapy_proxy_shard.engine.store import PoolStore
     from scrapy_proxy_shard.middlewares import ProxyShardMiddleware
-    from scrapy_proxy_shard.runtime import LEASE_MARGIN
-    from scrapy_proxy_shard.store import PoolStore
 
     PoolStore(real_redis, namespace="margin").add_proxies("default", ["10.8.0.1:3128"])
     crawler = get_crawler(Spider, {"PROXY_SHARD_REDIS_URL": redis_server.url, "PROXY_SHARD_NAMESPACE": "margin",

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from scrapy_proxy_shard.engine.proxies import proxy_id
 from scrapy_proxy_shard.exceptions import SettingError
-from scrapy_proxy_shard.proxies import proxy_id
-from scrapy_proxy_shard.sharding import assign, moved_fraction, partition_by_platform, slice_for
+from scrapy_proxy_shard.modes.sharding import assign, moved_fraction, partition_by_platform, slice_for
 
 PROXIES = [proxy_id(f"http://10.{i // 250}.{i % 250}.1:3128") for i in range(2000)]
 host_lists = st.lists(st.text("abcdefghij-:0123456789", min_size=1, max_size=12), min_size=1, max_size=12,

@@ -21,11 +21,11 @@ import pytest
 import redis
 import redis.asyncio
 
+from scrapy_proxy_shard.crawl.startup import check_eviction
 from scrapy_proxy_shard.demo.forward_proxy import ProxyFleet, ProxySpec
+from scrapy_proxy_shard.demo.redis_server import RedisServer
 from scrapy_proxy_shard.demo.site import AntiBotSite, ServerThread, SiteRules
 from scrapy_proxy_shard.exceptions import SettingError
-from scrapy_proxy_shard.redis_server import RedisServer
-from scrapy_proxy_shard.startup import check_eviction
 
 ROOT = Path(__file__).resolve().parents[1]
 PROXY_IPS = ("127.0.0.41", "127.0.0.42")
@@ -275,7 +275,7 @@ def restore_memory(redis_server):
 
 
 def test_eviction_policy_refused_warned_or_accepted(redis_server, restore_memory, caplog):
-    caplog.set_level(logging.WARNING, logger="scrapy_proxy_shard.startup")
+    caplog.set_level(logging.WARNING, logger="scrapy_proxy_shard.crawl.startup")
     _policy(redis_server, "allkeys-lru", "1gb")
     with pytest.raises(SettingError, match=r"maxmemory-policy 'allkeys-lru'.*noeviction"):
         _check(redis_server.url)
@@ -296,7 +296,7 @@ def test_eviction_policy_that_cannot_be_read_is_a_warning(redis_server, real_red
     """Managed Redis often denies CONFIG: a user without it (ACL) gets a warning, not a refusal."""
     real_redis.execute_command("ACL", "SETUSER", "limited", "on", ">pw", "~*", "+@all", "-config")
     try:
-        caplog.set_level(logging.WARNING, logger="scrapy_proxy_shard.startup")
+        caplog.set_level(logging.WARNING, logger="scrapy_proxy_shard.crawl.startup")
         _check(redis_server.url, username="limited", password="pw")
         assert len(caplog.records) == 1 and "could not read maxmemory-policy" in caplog.records[0].getMessage()
     finally:

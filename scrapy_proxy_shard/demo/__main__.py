@@ -2,6 +2,6 @@
 
 import sys
 
-from .run import main
+from scrapy_proxy_shard.demo.run import main
 
 sys.exit(main())

@@ -27,10 +27,10 @@ from typing import Protocol
 
 import redis
 
-from ..proxies import mask
-from ..redis_server import RedisServer, terminate
-from ..store import PoolStore
-from .sitelog import Summary, read_log, summarize
+from scrapy_proxy_shard.demo.redis_server import RedisServer, terminate
+from scrapy_proxy_shard.demo.sitelog import Summary, read_log, summarize
+from scrapy_proxy_shard.engine.proxies import mask
+from scrapy_proxy_shard.engine.store import PoolStore
 
 DEFAULT_SITES = ("shop-a.test", "shop-b.test", "market.test")
 #: (site, source IP) pairs the site has blacklisted before the crawl starts: the crawl must find
@@ -266,7 +266,7 @@ def _start_proxies(config: DemoConfig, workdir: Path, site_port: int, children: 
 def _load_pools(store: PoolStore, manifest: list[dict]) -> None:
     residential = [m["url"] for m in manifest[:RESIDENTIAL]]
     datacenter = [m["url"] for m in manifest[RESIDENTIAL:]]
-    from ..proxies import make_proxy
+    from scrapy_proxy_shard.engine.proxies import make_proxy
 
     store.add_proxies("residential", [make_proxy(u, {"type": "residential"}) for u in residential])
     store.add_proxies("datacenter", [make_proxy(u, {"type": "datacenter"}) for u in datacenter])

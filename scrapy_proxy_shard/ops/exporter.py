@@ -23,9 +23,9 @@ from prometheus_client import start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import CollectorRegistry
 
-from .exceptions import ProxyShardError
-from .snapshot import STATES, PoolSnapshot, read_pool
-from .store import PoolStore
+from scrapy_proxy_shard.engine.store import PoolStore
+from scrapy_proxy_shard.exceptions import ProxyShardError
+from scrapy_proxy_shard.ops.snapshot import STATES, PoolSnapshot, read_pool
 
 logger = logging.getLogger(__name__)
 

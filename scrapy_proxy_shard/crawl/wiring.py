@@ -19,7 +19,7 @@ from typing import Any
 
 from scrapy.utils.misc import load_object
 
-from .exceptions import SettingError
+from scrapy_proxy_shard.exceptions import SettingError
 
 logger = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ import csv
 import re
 from dataclasses import dataclass, field
 
-from .exceptions import ProxyURLError
-from .proxies import Proxy, make_proxy, mask
+from scrapy_proxy_shard.engine.proxies import Proxy, make_proxy, mask
+from scrapy_proxy_shard.exceptions import ProxyURLError
 
 COLUMNS = ("url", "type", "provider", "country")
 _COUNTRY_RE = re.compile(r"^[A-Za-z]{2}$")

@@ -24,10 +24,10 @@ import socket
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .exceptions import ProxyShardError
-from .logstats import PoolLogStats
-from .settings import ShardSettings
-from .store import Beat
+from scrapy_proxy_shard.crawl.logstats import PoolLogStats
+from scrapy_proxy_shard.engine.store import Beat
+from scrapy_proxy_shard.exceptions import ProxyShardError
+from scrapy_proxy_shard.settings import ShardSettings
 
 logger = logging.getLogger(__name__)
 

@@ -16,9 +16,9 @@ import redis.asyncio.sentinel
 import redis.cluster
 import redis.sentinel
 
-from .exceptions import SettingError
-from .proxies import mask
-from .settings import ShardSettings
+from scrapy_proxy_shard.engine.proxies import mask
+from scrapy_proxy_shard.exceptions import SettingError
+from scrapy_proxy_shard.settings import ShardSettings
 
 _RESERVED = {"decode_responses"}
 DEFAULT_PARAMS: dict[str, Any] = {

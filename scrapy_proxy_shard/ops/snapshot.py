@@ -16,7 +16,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from .store import BanRecord, HostRecord, PoolStore, ProxyRecord, SiteStatus
+from scrapy_proxy_shard.engine.store import BanRecord, HostRecord, PoolStore, ProxyRecord, SiteStatus
 
 #: Slot states in the order the views show them (``free`` plus the states of ``pool_status.lua``).
 STATES = ("free", "leased", "session", "cooling", "banned")

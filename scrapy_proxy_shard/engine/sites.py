@@ -16,9 +16,8 @@ from functools import lru_cache
 from urllib.parse import urlsplit
 
 import tldextract
-from scrapy.utils.httpobj import urlparse_cached
 
-from .exceptions import SettingError
+from scrapy_proxy_shard.exceptions import SettingError
 
 _extract = tldextract.TLDExtract(suffix_list_urls=(), cache_dir=None)
 #: A site key (registrable domain, IP or site group): it is part of Redis keys and ban scopes, so it
@@ -81,11 +80,8 @@ def site_of_url(url: str) -> str:
 
 
 def site_of_request(request) -> str:
-    """Registrable domain of a Scrapy request's host (the URL parse is cached on the request)."""
-    host = urlparse_cached(request).hostname
-    if not host:
-        raise ValueError(f"URL has no host: {request.url!r}")
-    return registrable_domain(host)
+    """Registrable domain of a request's host (any object with a ``url``: the engine knows no Scrapy)."""
+    return site_of_url(request.url)
 
 
 class SiteMap:

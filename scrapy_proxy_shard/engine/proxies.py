@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from urllib.parse import quote, unquote, urlsplit
 
-from .exceptions import ProxyURLError
+from scrapy_proxy_shard.exceptions import ProxyURLError
 
 SUPPORTED_SCHEMES = ("http", "https")
 PROXY_TYPES = ("datacenter", "residential", "mobile", "isp")

@@ -16,7 +16,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from .store import Beat
+from scrapy_proxy_shard.engine.store import Beat
 
 logger = logging.getLogger(__name__)
 

@@ -24,8 +24,8 @@ from typing import Any
 from scrapy import signals
 from scrapy.exceptions import CloseSpider
 
-from .exceptions import ProxyShardError, SettingError
-from .wiring import check_wiring
+from scrapy_proxy_shard.crawl.wiring import check_wiring
+from scrapy_proxy_shard.exceptions import ProxyShardError, SettingError
 
 logger = logging.getLogger(__name__)
 

@@ -17,15 +17,22 @@ from typing import Any
 
 from scrapy import Request, signals
 
-from . import signals as shard_signals
-from .engines import build_store, initial_proxies, platform_of, platform_pool, settled_counter
-from .exceptions import NoProxyAvailable, PoolBackendError, ProxyShardError, SettingError, UnknownPoolError
-from .health import HostMonitor
-from .keys import check_name
-from .settings import MAX_LEASE_TTL, ShardSettings
-from .sites import SiteMap, site_of_request
-from .startup import StartupGate, check_eviction, eviction_mode
-from .store import AsyncPoolStore, Lease, LeaseWait, ReleaseResult
+from scrapy_proxy_shard import signals as shard_signals
+from scrapy_proxy_shard.crawl.health import HostMonitor
+from scrapy_proxy_shard.crawl.startup import StartupGate, check_eviction, eviction_mode
+from scrapy_proxy_shard.engine.schema import check_name
+from scrapy_proxy_shard.engine.sites import SiteMap, site_of_request
+from scrapy_proxy_shard.engine.store import AsyncPoolStore, Lease, LeaseWait, ReleaseResult
+from scrapy_proxy_shard.exceptions import (
+    NoProxyAvailable,
+    PoolBackendError,
+    ProxyShardError,
+    SettingError,
+    UnknownPoolError,
+)
+from scrapy_proxy_shard.modes.factory import build_store
+from scrapy_proxy_shard.modes.pools import initial_proxies, platform_of, platform_pool, settled_counter
+from scrapy_proxy_shard.settings import MAX_LEASE_TTL, ShardSettings
 
 logger = logging.getLogger(__name__)
 

@@ -29,12 +29,12 @@ from typing import Any
 
 import redis
 
-from .engines import embedded_client, initial_proxies, store_kwargs
-from .exceptions import PoolBackendError, ProxyShardError
-from .proxies import Proxy, make_proxy
-from .settings import ShardSettings
-from .sharding import slice_for
-from .store import AsyncPoolStore, BanRecord, Lease, LeaseWait, ReleaseResult
+from scrapy_proxy_shard.engine.proxies import Proxy, make_proxy
+from scrapy_proxy_shard.engine.store import AsyncPoolStore, BanRecord, Lease, LeaseWait, ReleaseResult
+from scrapy_proxy_shard.exceptions import PoolBackendError, ProxyShardError
+from scrapy_proxy_shard.modes.pools import embedded_client, initial_proxies, store_kwargs
+from scrapy_proxy_shard.modes.sharding import slice_for
+from scrapy_proxy_shard.settings import ShardSettings
 
 logger = logging.getLogger(__name__)
 STATS = "proxy_shard/fallback"

@@ -12,8 +12,8 @@ from typing import Any
 
 from tabulate import tabulate
 
-from .snapshot import LOAD_WINDOW_MINUTES, STATES, Outcomes, PoolSnapshot
-from .store import HostRecord, ProxyRecord
+from scrapy_proxy_shard.engine.store import HostRecord, ProxyRecord
+from scrapy_proxy_shard.ops.snapshot import LOAD_WINDOW_MINUTES, STATES, Outcomes, PoolSnapshot
 
 TABLE_FORMAT = "simple"
 

@@ -23,11 +23,11 @@ from typing import Any
 import redis
 import redis.asyncio
 
-from . import keys
-from .exceptions import PoolBackendError, UnknownPoolError
-from .proxies import Proxy, make_proxy, mask, parse_proxy, proxy_id
-from .scripts import register_all
-from .settings import BanOptions
+from scrapy_proxy_shard.engine import schema as keys
+from scrapy_proxy_shard.engine.bans import BanOptions
+from scrapy_proxy_shard.engine.proxies import Proxy, make_proxy, mask, parse_proxy, proxy_id
+from scrapy_proxy_shard.engine.scripts import register_all
+from scrapy_proxy_shard.exceptions import PoolBackendError, UnknownPoolError
 
 #: Lease calls in doubt kept at most (each is a slot that frees itself at its lease TTL anyway).
 MAX_IN_DOUBT = 10_000

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from .exceptions import InvalidSessionId, SettingError
+from scrapy_proxy_shard.exceptions import InvalidSessionId, SettingError
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._\-]{0,63}")
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Sequence
 
-from .exceptions import SettingError
+from scrapy_proxy_shard.exceptions import SettingError
 
 STRATEGIES = ("consistent", "modulo")
 

@@ -25,16 +25,22 @@ from typing import Any, NoReturn
 
 import click
 
-from . import cli_views as views
-from .connection import sync_client
-from .exceptions import PoolBackendError, ProxyShardError, ProxyURLError, SettingError, UnknownPoolError
-from .keys import check_name
-from .proxies import PROXY_TYPES, Proxy, make_proxy, mask, parse_proxy, split_credentials
-from .proxyfile import check_tags, parse_proxy_list
-from .settings import BanOptions, ShardSettings
-from .sites import SITE_KEY_RE, check_site
-from .snapshot import read_pool
-from .store import PoolStore
+from scrapy_proxy_shard.engine.proxies import PROXY_TYPES, Proxy, make_proxy, mask, parse_proxy, split_credentials
+from scrapy_proxy_shard.engine.schema import check_name
+from scrapy_proxy_shard.engine.sites import SITE_KEY_RE, check_site
+from scrapy_proxy_shard.engine.store import PoolStore
+from scrapy_proxy_shard.exceptions import (
+    PoolBackendError,
+    ProxyShardError,
+    ProxyURLError,
+    SettingError,
+    UnknownPoolError,
+)
+from scrapy_proxy_shard.modes.connection import sync_client
+from scrapy_proxy_shard.ops import views
+from scrapy_proxy_shard.ops.proxyfile import check_tags, parse_proxy_list
+from scrapy_proxy_shard.ops.snapshot import read_pool
+from scrapy_proxy_shard.settings import BanOptions, ShardSettings
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 #: Longest quarantine the CLI sets (ten years): the scripts compute ``now_ms + ttl_ms``, which must stay
@@ -419,7 +425,7 @@ def metrics(obj: Ctx, port: int, host: str) -> None:
     Redis down (at start or later) is not an error here: the exporter keeps serving with
     ``proxy_shard_up 0``, which is what an alert watches, and reports ``1`` again once Redis answers.
     """
-    from .exporter import serve
+    from scrapy_proxy_shard.ops.exporter import serve
 
     pools = [obj.pool] if obj.pool else None
     stop = threading.Event()

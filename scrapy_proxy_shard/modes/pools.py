@@ -1,0 +1,52 @@
+"""What every mode shares: the in-process Redis of the embedded engine, the store's arguments, the
+proxies a crawl loads at start, and platform pools (``PROXY_SHARD_PLATFORMS``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import fakeredis
+
+from scrapy_proxy_shard.engine.proxies import make_proxy
+from scrapy_proxy_shard.modes.sharding import partition_by_platform, slice_for
+from scrapy_proxy_shard.settings import ShardSettings
+
+
+def embedded_client() -> fakeredis.FakeAsyncRedis:
+    """A private in-memory Redis (fakeredis, Lua enabled) for one process."""
+    return fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer(), decode_responses=True)
+
+def store_kwargs(settings: ShardSettings) -> dict:
+    return {"namespace": settings.namespace, "host_id": settings.host_id, "bans": settings.bans,
+            "ewma_alpha": settings.latency_ewma_alpha}
+
+def settled_counter(stats):
+    """Count lease calls whose reply was lost, by how Redis settled them (``abandon.lua``):
+    ``released`` (it had run: its slot is given back), ``gone``, ``barred`` (it had not run)."""
+    if stats is None:
+        return None
+    return lambda status: stats.inc_value(f"proxy_shard/leases/abandoned/{status}")
+
+def platform_pool(pool: str, platform: str) -> str:
+    return f"{pool}.{platform}"
+
+def initial_proxies(settings: ShardSettings) -> dict[str, list]:
+    """What to load at spider open: ``PROXY_SHARD_PROXIES``, split by platform, and in static mode
+    cut down to this host's slice."""
+    out: dict[str, list] = {}
+    for pool, entries in settings.proxies.items():
+        proxies = {p.id: p for p in (make_proxy(e) for e in entries)}
+        if settings.mode == "static":
+            mine = set(slice_for(proxies, settings.hosts, settings.host_id, settings.sharding))
+            proxies = {pid: p for pid, p in proxies.items() if pid in mine}
+        if settings.platforms:
+            for platform, ids in partition_by_platform(proxies, list(settings.platforms)).items():
+                out[platform_pool(pool, platform)] = [proxies[i] for i in ids]
+        out[pool] = list(proxies.values())
+    return out
+
+def platform_of(site: str, platforms: Mapping[str, tuple[str, ...]]) -> str | None:
+    for platform, sites in platforms.items():
+        if site in sites:
+            return platform
+    return None

@@ -1,0 +1,1 @@
+"""Operator tools: the CLI, its views, the Prometheus exporter, pool snapshots, proxy list files."""
