@@ -49,6 +49,19 @@ def is_outage(exc: BaseException) -> bool:
     return isinstance(cause, (redis.ConnectionError, redis.TimeoutError)) or text.startswith("cannot reach Redis")
 
 
+async def replay_bans(store: AsyncPoolStore, pool: str, records) -> int:
+    """Write the quarantines of ``records`` that still run into ``store``: a pool Redis lost comes back
+    with its bans, so an IP a site just banned is not offered to that site again. Returns how many."""
+    replayed = 0
+    for ban in records:
+        left = ban.until - time.time()
+        if left > 0 and ban.reason != WARMUP:
+            await store.ban(pool, ban.proxy_id, site=None if ban.scope == "*" else ban.scope,
+                            reason=ban.reason, ttl=left)
+            replayed += 1
+    return replayed
+
+
 @dataclass
 class _Snapshot:
     proxies: dict[str, list[Proxy]] = field(default_factory=dict)
@@ -313,14 +326,11 @@ class FallbackPoolStore:
             if proxies and await self.primary.pool_size(pool) == 0:
                 await self.primary.add_proxies(pool, proxies)
                 self._inc("pools_restored")
-                logger.warning("proxy_shard: pool %(pool)r came back empty; reloaded %(n)d proxies from the snapshot",
-                               {"pool": pool, "n": len(proxies)})
-            for ban in await local.bans(pool):
-                left = ban.until - time.time()
-                if left > 0 and ban.reason != WARMUP:
-                    await self.primary.ban(pool, ban.proxy_id, site=None if ban.scope == "*" else ban.scope,
-                                           reason=ban.reason, ttl=left)
-                    self._inc("bans_replayed")
+                replayed = await replay_bans(self.primary, pool, self.snapshot.bans.get(pool, ()))
+                logger.warning("proxy_shard: pool %(pool)r came back empty; reloaded %(n)d proxies and %(b)d "
+                               "running quarantines from the snapshot",
+                               {"pool": pool, "n": len(proxies), "b": replayed})
+            self._inc("bans_replayed", await replay_bans(self.primary, pool, await local.bans(pool)))
         for token, lease in list(self._local_leases.items()):
             await self._adopt(token, lease)
 
@@ -380,7 +390,7 @@ class FallbackPoolStore:
         except ProxyShardError as exc:
             logger.debug("proxy_shard: ignored while Redis is unreachable: %(e)s", {"e": exc})
 
-    def _inc(self, name: str) -> None:
-        if self.stats is not None:
-            self.stats.inc_value(f"{STATS}/{name}")
+    def _inc(self, name: str, count: int = 1) -> None:
+        if self.stats is not None and count:
+            self.stats.inc_value(f"{STATS}/{name}", count)
 
