@@ -30,7 +30,7 @@ from typing import Any
 import redis
 
 from .engines import embedded_client, initial_proxies, store_kwargs
-from .exceptions import PoolBackendError, ProxyShardError
+from .exceptions import PoolBackendError, ProxyShardError, UnknownPoolError
 from .proxies import Proxy, make_proxy
 from .settings import ShardSettings
 from .sharding import slice_for
@@ -39,6 +39,8 @@ from .store import AsyncPoolStore, BanRecord, Lease, LeaseWait, ReleaseResult
 logger = logging.getLogger(__name__)
 STATS = "proxy_shard/fallback"
 PROBE_MIN, PROBE_MAX = 0.5, 5.0
+#: How long a request whose host holds no proxy of its pool in fallback waits before asking again.
+EMPTY_SLICE_WAIT = 1.0
 WARMUP = "fallback_warmup"
 
 
@@ -364,8 +366,16 @@ class FallbackPoolStore:
     async def _local_lease(self, pool, site, ttl, concurrency, session_id, session_ttl):
         local = self._ensure_local()
         while True:
-            result = await local.lease(pool, site, ttl=ttl, concurrency=concurrency, session_id=session_id,
-                                       session_ttl=session_ttl)
+            try:
+                result = await local.lease(pool, site, ttl=ttl, concurrency=concurrency, session_id=session_id,
+                                           session_ttl=session_ttl)
+            except UnknownPoolError:
+                if not self.snapshot.proxies.get(pool):
+                    raise
+                # The pool has proxies, but this host's share of them is empty (few proxies, many
+                # hosts): wait for Redis like a request waits for a busy pool, never fail the request.
+                self._inc("empty_slice_waits")
+                return LeaseWait(EMPTY_SLICE_WAIT, "pool")
             if not isinstance(result, Lease):
                 return result
             self._local_leases[result.token] = result
