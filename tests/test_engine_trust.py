@@ -251,6 +251,35 @@ def test_flushed_redis_is_restored_and_the_lease_retried(real_redis, redis_serve
     assert runtime.stats.get_value("proxy_shard/pool_restored") == 1
 
 
+def test_a_flushed_pool_comes_back_with_its_running_quarantines(real_redis, redis_server):
+    """The snapshot holds the bans Redis had: a restored pool must not offer a site the IP it just banned."""
+    admin = PoolStore(real_redis, namespace="t")
+    admin.add_proxies(POOL, URLS)
+    banned = make_proxy(URLS[0]).id
+    admin.ban(POOL, banned, site="a.example", reason="http_403", ttl=300)
+    runtime, spider = _runtime({"PROXY_SHARD_REDIS_URL": redis_server.url, "PROXY_SHARD_POOL": POOL,
+                                "PROXY_SHARD_SNAPSHOT_INTERVAL": 0.1})
+
+    async def go():
+        await runtime.spider_opened(spider)
+        try:
+            first = Request("http://b.example/0")  # a lease while Redis serves takes the snapshot
+            await runtime.acquire(first, POOL, "b.example", None)
+            await runtime.finish(first, "ok")
+            real_redis.flushall()
+            taken = []
+            for n in range(len(URLS) - 1):
+                lease = await runtime.acquire(Request(f"http://a.example/{n}"), POOL, "a.example", None)
+                taken.append(lease.proxy_id)
+            return taken
+        finally:
+            await runtime.spider_closed(spider)
+
+    taken = asyncio.run(go())
+    assert banned not in taken
+    assert [b.proxy_id for b in admin.bans(POOL) if b.scope == "a.example"] == [banned]
+
+
 def test_a_pool_drained_by_the_operator_is_not_restored(store):
     store.add_proxies(POOL, URLS)
     store.remove_proxies(POOL, URLS)

@@ -138,6 +138,31 @@ def test_outage_switches_to_disjoint_local_slices_and_back():
         server.stop()
 
 
+def test_a_host_whose_fallback_share_is_empty_waits_instead_of_failing():
+    """One proxy over three hosts: two hosts hold no proxy of the pool in fallback. Their requests
+    wait for Redis (a LeaseWait, bounded by PROXY_SHARD_MAX_WAIT upstream), never UnknownPoolError."""
+    server = RedisServer().start()
+    try:
+        PoolStore(redis.Redis.from_url(server.url, decode_responses=True)).add_proxies("default", PROXIES[:1])
+
+        async def scenario():
+            stores = [_fallback_store(server.url, h) for h in HOSTS]
+            for store in stores:  # take the snapshot while Redis answers
+                await store.release(await store.lease("default", "a.example", ttl=30))
+            server.kill()
+            answers = [await store.lease("default", "a.example", ttl=30) for store in stores]
+            assert all(store.state == "fallback" for store in stores)
+            assert sum(isinstance(a, Lease) for a in answers) == 1  # the one proxy, on its one host
+            waits = [a for a in answers if not isinstance(a, Lease)]
+            assert len(waits) == 2 and all(w.reason == "pool" and w.wait > 0 for w in waits)
+            for store in stores:
+                await store.aclose()
+
+        asyncio.run(scenario())
+    finally:
+        server.stop()
+
+
 def test_redis_down_at_start_can_start_in_fallback():
     port_owner = RedisServer()  # never started: nothing listens on its port
     settings = {

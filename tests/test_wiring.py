@@ -327,3 +327,34 @@ def test_auto_mode_without_redis_says_hosts_do_not_coordinate(caplog):
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "hosts do NOT coordinate" in warnings[0]
     assert "Pw0rd" not in caplog.text
+
+
+def test_sigterm_is_not_held_up_by_requests_waiting_for_a_proxy(tmp_path, world):
+    """Item 7 through a real crawl: two proxies, three pages, a 300 s pacing interval: the third request
+    waits for a slot (MAX_WAIT 600 s). SIGTERM must stop the crawl within seconds, the waiting request
+    failing (never sent, and never sent from the host's own address)."""
+    import signal
+    import time
+
+    extra = "PROXY_SHARD_MIN_INTERVAL = 300\nPROXY_SHARD_MAX_WAIT = 600\n"
+    project = make_project(tmp_path, world, ADDON, extra)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, "-m", "scrapy", "crawl", "pages", "-a", f"base={world.base}", "-a", f"pages={PAGES}"]
+    proc = subprocess.Popen(cmd, cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while len(world.site.entries) < len(PROXY_IPS) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(world.site.entries) == len(PROXY_IPS), "the first pages never arrived"
+        time.sleep(1.0)  # the third request is waiting for a slot now
+        stopped_at = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=30)
+        took = time.monotonic() - stopped_at
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert took < 15, f"the crawl took {took:.1f}s to stop after SIGTERM"
+    assert "'proxy_shard/wait/cancelled_at_stop': 1" in stderr, stderr[-3000:]
+    assert len(world.site.entries) == len(PROXY_IPS) and set(world.ips()) <= set(PROXY_IPS)

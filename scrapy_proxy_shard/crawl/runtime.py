@@ -31,6 +31,7 @@ from scrapy_proxy_shard.exceptions import (
     UnknownPoolError,
 )
 from scrapy_proxy_shard.modes.factory import build_store
+from scrapy_proxy_shard.modes.fallback import replay_bans
 from scrapy_proxy_shard.modes.pools import initial_proxies, platform_of, platform_pool, settled_counter
 from scrapy_proxy_shard.settings import MAX_LEASE_TTL, ShardSettings
 
@@ -404,7 +405,8 @@ class ShardRuntime:
 
         Returns True when the pool holds proxies again (restored here or by another host just now).
         """
-        snapshot = getattr(getattr(self.store, "snapshot", None), "proxies", {}).get(pool)
+        kept = getattr(self.store, "snapshot", None)
+        snapshot = kept.proxies.get(pool) if kept is not None else None
         proxies = snapshot or initial_proxies(self.settings).get(pool)
         if not proxies:
             return False
@@ -413,12 +415,14 @@ class ShardRuntime:
         except PoolBackendError:
             return False
         if restored:
+            bans = await replay_bans(self.store, pool, kept.bans.get(pool, ())) if snapshot else 0
             self.stats.inc_value(f"{STATS}/pool_restored")
             logger.warning(
                 "proxy_shard: pool %(pool)r was lost by Redis (flushed, restarted empty or failed over); "
-                "restored %(n)d proxies from %(source)s, usable after a %(w)gs warm-up",
-                {"pool": pool, "n": restored, "source": "the snapshot" if snapshot else "PROXY_SHARD_PROXIES",
-                 "w": self.settings.fallback_warmup},
+                "restored %(n)d proxies and %(b)d running quarantines from %(source)s, usable after a "
+                "%(w)gs warm-up",
+                {"pool": pool, "n": restored, "b": bans,
+                 "source": "the snapshot" if snapshot else "PROXY_SHARD_PROXIES", "w": self.settings.fallback_warmup},
             )
             return True
         return await self.store.pool_size(pool) > 0

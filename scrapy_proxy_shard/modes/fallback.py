@@ -31,7 +31,7 @@ import redis
 
 from scrapy_proxy_shard.engine.proxies import Proxy, make_proxy
 from scrapy_proxy_shard.engine.store import AsyncPoolStore, BanRecord, Lease, LeaseWait, ReleaseResult
-from scrapy_proxy_shard.exceptions import PoolBackendError, ProxyShardError
+from scrapy_proxy_shard.exceptions import PoolBackendError, ProxyShardError, UnknownPoolError
 from scrapy_proxy_shard.modes.pools import embedded_client, initial_proxies, store_kwargs
 from scrapy_proxy_shard.modes.sharding import slice_for
 from scrapy_proxy_shard.settings import ShardSettings
@@ -39,6 +39,8 @@ from scrapy_proxy_shard.settings import ShardSettings
 logger = logging.getLogger(__name__)
 STATS = "proxy_shard/fallback"
 PROBE_MIN, PROBE_MAX = 0.5, 5.0
+#: How long a request whose host holds no proxy of its pool in fallback waits before asking again.
+EMPTY_SLICE_WAIT = 1.0
 WARMUP = "fallback_warmup"
 
 
@@ -47,6 +49,19 @@ def is_outage(exc: BaseException) -> bool:
     cause = exc.__cause__ or exc.__context__
     text = str(exc)
     return isinstance(cause, (redis.ConnectionError, redis.TimeoutError)) or text.startswith("cannot reach Redis")
+
+
+async def replay_bans(store: AsyncPoolStore, pool: str, records) -> int:
+    """Write the quarantines of ``records`` that still run into ``store``: a pool Redis lost comes back
+    with its bans, so an IP a site just banned is not offered to that site again. Returns how many."""
+    replayed = 0
+    for ban in records:
+        left = ban.until - time.time()
+        if left > 0 and ban.reason != WARMUP:
+            await store.ban(pool, ban.proxy_id, site=None if ban.scope == "*" else ban.scope,
+                            reason=ban.reason, ttl=left)
+            replayed += 1
+    return replayed
 
 
 @dataclass
@@ -313,14 +328,11 @@ class FallbackPoolStore:
             if proxies and await self.primary.pool_size(pool) == 0:
                 await self.primary.add_proxies(pool, proxies)
                 self._inc("pools_restored")
-                logger.warning("proxy_shard: pool %(pool)r came back empty; reloaded %(n)d proxies from the snapshot",
-                               {"pool": pool, "n": len(proxies)})
-            for ban in await local.bans(pool):
-                left = ban.until - time.time()
-                if left > 0 and ban.reason != WARMUP:
-                    await self.primary.ban(pool, ban.proxy_id, site=None if ban.scope == "*" else ban.scope,
-                                           reason=ban.reason, ttl=left)
-                    self._inc("bans_replayed")
+                replayed = await replay_bans(self.primary, pool, self.snapshot.bans.get(pool, ()))
+                logger.warning("proxy_shard: pool %(pool)r came back empty; reloaded %(n)d proxies and %(b)d "
+                               "running quarantines from the snapshot",
+                               {"pool": pool, "n": len(proxies), "b": replayed})
+            self._inc("bans_replayed", await replay_bans(self.primary, pool, await local.bans(pool)))
         for token, lease in list(self._local_leases.items()):
             await self._adopt(token, lease)
 
@@ -354,8 +366,16 @@ class FallbackPoolStore:
     async def _local_lease(self, pool, site, ttl, concurrency, session_id, session_ttl):
         local = self._ensure_local()
         while True:
-            result = await local.lease(pool, site, ttl=ttl, concurrency=concurrency, session_id=session_id,
-                                       session_ttl=session_ttl)
+            try:
+                result = await local.lease(pool, site, ttl=ttl, concurrency=concurrency, session_id=session_id,
+                                           session_ttl=session_ttl)
+            except UnknownPoolError:
+                if not self.snapshot.proxies.get(pool):
+                    raise
+                # The pool has proxies, but this host's share of them is empty (few proxies, many
+                # hosts): wait for Redis like a request waits for a busy pool, never fail the request.
+                self._inc("empty_slice_waits")
+                return LeaseWait(EMPTY_SLICE_WAIT, "pool")
             if not isinstance(result, Lease):
                 return result
             self._local_leases[result.token] = result
@@ -380,7 +400,7 @@ class FallbackPoolStore:
         except ProxyShardError as exc:
             logger.debug("proxy_shard: ignored while Redis is unreachable: %(e)s", {"e": exc})
 
-    def _inc(self, name: str) -> None:
-        if self.stats is not None:
-            self.stats.inc_value(f"{STATS}/{name}")
+    def _inc(self, name: str, count: int = 1) -> None:
+        if self.stats is not None and count:
+            self.stats.inc_value(f"{STATS}/{name}", count)
 
