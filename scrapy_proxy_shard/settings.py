@@ -15,7 +15,7 @@ import os
 import re
 import socket
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -152,9 +152,9 @@ class SiteContentRules:
     challenge_patterns: tuple[re.Pattern[str], ...] | None = None
 
 
-def _table(name: str) -> Any:
-    """A dataclass field whose default is the parsed ``DEFAULTS`` table (so the two cannot disagree)."""
-    return field(default_factory=lambda: getattr(_parsed_defaults(), name))
+def _table(name: str) -> Callable[[], Any]:
+    """A field's default factory: its value in the parsed ``DEFAULTS`` table (so the two cannot disagree)."""
+    return lambda: getattr(_parsed_defaults(), name)
 
 
 @dataclass(frozen=True)
@@ -204,46 +204,46 @@ class ShardSettings:
     A field left out takes its value from ``DEFAULTS`` as ``from_settings({})`` parses it.
     """
 
-    enabled: bool = _table("enabled")
-    redis_url: str | None = _table("redis_url")
-    redis_params: Mapping[str, Any] = _table("redis_params")
+    enabled: bool = field(default_factory=_table("enabled"))
+    redis_url: str | None = field(default_factory=_table("redis_url"))
+    redis_params: Mapping[str, Any] = field(default_factory=_table("redis_params"))
     redis_client: Any = None  # PROXY_SHARD_REDIS_CLIENT: used as given (a client object or a factory)
-    namespace: str = _table("namespace")
-    pool: str = _table("pool")
+    namespace: str = field(default_factory=_table("namespace"))
+    pool: str = field(default_factory=_table("pool"))
     host_id: str = field(default_factory=lambda: default_host_id())
-    lease_ttl: float = _table("lease_ttl")
-    max_wait: float = _table("max_wait")
-    site_concurrency: int = _table("site_concurrency")
-    min_interval: float = _table("min_interval")
-    session_ttl: float = _table("session_ttl")
-    sites: Mapping[str, SiteOptions] = _table("sites")
-    site_groups: Mapping[str, tuple[str, ...]] = _table("site_groups")
-    bans: BanOptions = _table("bans")
-    latency_ewma_alpha: float = _table("latency_ewma_alpha")
-    site_pools: Mapping[str, str] = _table("site_pools")
-    proxies: Mapping[str, tuple[str, ...]] = _table("proxies")
-    ban_retries: int = _table("ban_retries")
-    ban_policy: str = _table("ban_policy")
-    policy: PolicyOptions = _table("policy")
-    heartbeat_interval: float = _table("heartbeat_interval")
-    host_ttl: float = _table("host_ttl")
-    logstats_interval: float = _table("logstats_interval")
+    lease_ttl: float = field(default_factory=_table("lease_ttl"))
+    max_wait: float = field(default_factory=_table("max_wait"))
+    site_concurrency: int = field(default_factory=_table("site_concurrency"))
+    min_interval: float = field(default_factory=_table("min_interval"))
+    session_ttl: float = field(default_factory=_table("session_ttl"))
+    sites: Mapping[str, SiteOptions] = field(default_factory=_table("sites"))
+    site_groups: Mapping[str, tuple[str, ...]] = field(default_factory=_table("site_groups"))
+    bans: BanOptions = field(default_factory=_table("bans"))
+    latency_ewma_alpha: float = field(default_factory=_table("latency_ewma_alpha"))
+    site_pools: Mapping[str, str] = field(default_factory=_table("site_pools"))
+    proxies: Mapping[str, tuple[str, ...]] = field(default_factory=_table("proxies"))
+    ban_retries: int = field(default_factory=_table("ban_retries"))
+    ban_policy: str = field(default_factory=_table("ban_policy"))
+    policy: PolicyOptions = field(default_factory=_table("policy"))
+    heartbeat_interval: float = field(default_factory=_table("heartbeat_interval"))
+    host_ttl: float = field(default_factory=_table("host_ttl"))
+    logstats_interval: float = field(default_factory=_table("logstats_interval"))
     #: The engine in use: "redis", "embedded" or "static" ("auto" resolved); ``requested_mode`` is
     #: PROXY_SHARD_MODE as set, so the runtime can tell an implied embedded engine from a chosen one.
-    mode: str = _table("mode")
-    requested_mode: str = _table("requested_mode")
-    redis_cluster: bool = _table("redis_cluster")
-    redis_sentinels: tuple[tuple[str, int], ...] = _table("redis_sentinels")
-    redis_sentinel_master: str | None = _table("redis_sentinel_master")
-    hosts: tuple[str, ...] = _table("hosts")
-    sharding: str = _table("sharding")
-    platforms: Mapping[str, tuple[str, ...]] = _table("platforms")
-    fallback: bool = _table("fallback")
-    redis_down_at_start: str = _table("redis_down_at_start")
-    redis_eviction: str = _table("redis_eviction")
-    fallback_grace: float = _table("fallback_grace")
-    fallback_warmup: float = _table("fallback_warmup")
-    snapshot_interval: float = _table("snapshot_interval")
+    mode: str = field(default_factory=_table("mode"))
+    requested_mode: str = field(default_factory=_table("requested_mode"))
+    redis_cluster: bool = field(default_factory=_table("redis_cluster"))
+    redis_sentinels: tuple[tuple[str, int], ...] = field(default_factory=_table("redis_sentinels"))
+    redis_sentinel_master: str | None = field(default_factory=_table("redis_sentinel_master"))
+    hosts: tuple[str, ...] = field(default_factory=_table("hosts"))
+    sharding: str = field(default_factory=_table("sharding"))
+    platforms: Mapping[str, tuple[str, ...]] = field(default_factory=_table("platforms"))
+    fallback: bool = field(default_factory=_table("fallback"))
+    redis_down_at_start: str = field(default_factory=_table("redis_down_at_start"))
+    redis_eviction: str = field(default_factory=_table("redis_eviction"))
+    fallback_grace: float = field(default_factory=_table("fallback_grace"))
+    fallback_warmup: float = field(default_factory=_table("fallback_warmup"))
+    snapshot_interval: float = field(default_factory=_table("snapshot_interval"))
 
     ATTRIBUTE = "_proxy_shard_settings"
 
