@@ -143,7 +143,8 @@ _NO_RULES = SiteContentRules()
 class BanPolicy:
     """Classifies responses and download errors into verdicts; keeps only body-size statistics.
 
-    Build it directly in tests; ``from_crawler`` / ``from_settings`` parse ``PROXY_SHARD_*`` settings.
+    Build it directly in tests; ``from_crawler`` takes the crawler's once-parsed ``ShardSettings.policy``,
+    ``from_settings`` parses only the policy's ``PROXY_SHARD_*`` settings (both through ``from_options``).
     """
 
     #: (exception types, reason) pairs for ``exception_verdict``; first match wins.

@@ -197,53 +197,63 @@ class PolicyOptions:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
+def _defaults_from_table(cls: type) -> type:
+    """Give each field declared without a default the parsed table's value (runs before ``@dataclass``)."""
+    for name in cls.__annotations__:
+        if name not in cls.__dict__:
+            setattr(cls, name, field(default_factory=_table(name)))
+    return cls
+
+
 @dataclass(frozen=True)
+@_defaults_from_table
 class ShardSettings:
     """Validated settings of scrapy-proxy-shard (plain values; build it directly in tests).
 
-    A field left out takes its value from ``DEFAULTS`` as ``from_settings({})`` parses it.
+    A field declared without a default takes its value from ``DEFAULTS`` as ``from_settings({})``
+    parses it (``_defaults_from_table``), so the table is the only place a default is written.
     """
 
-    enabled: bool = field(default_factory=_table("enabled"))
-    redis_url: str | None = field(default_factory=_table("redis_url"))
-    redis_params: Mapping[str, Any] = field(default_factory=_table("redis_params"))
+    enabled: bool
+    redis_url: str | None
+    redis_params: Mapping[str, Any]
     redis_client: Any = None  # PROXY_SHARD_REDIS_CLIENT: used as given (a client object or a factory)
-    namespace: str = field(default_factory=_table("namespace"))
-    pool: str = field(default_factory=_table("pool"))
+    namespace: str
+    pool: str
     host_id: str = field(default_factory=lambda: default_host_id())
-    lease_ttl: float = field(default_factory=_table("lease_ttl"))
-    max_wait: float = field(default_factory=_table("max_wait"))
-    site_concurrency: int = field(default_factory=_table("site_concurrency"))
-    min_interval: float = field(default_factory=_table("min_interval"))
-    session_ttl: float = field(default_factory=_table("session_ttl"))
-    sites: Mapping[str, SiteOptions] = field(default_factory=_table("sites"))
-    site_groups: Mapping[str, tuple[str, ...]] = field(default_factory=_table("site_groups"))
-    bans: BanOptions = field(default_factory=_table("bans"))
-    latency_ewma_alpha: float = field(default_factory=_table("latency_ewma_alpha"))
-    site_pools: Mapping[str, str] = field(default_factory=_table("site_pools"))
-    proxies: Mapping[str, tuple[str, ...]] = field(default_factory=_table("proxies"))
-    ban_retries: int = field(default_factory=_table("ban_retries"))
-    ban_policy: str = field(default_factory=_table("ban_policy"))
-    policy: PolicyOptions = field(default_factory=_table("policy"))
-    heartbeat_interval: float = field(default_factory=_table("heartbeat_interval"))
-    host_ttl: float = field(default_factory=_table("host_ttl"))
-    logstats_interval: float = field(default_factory=_table("logstats_interval"))
+    lease_ttl: float
+    max_wait: float
+    site_concurrency: int
+    min_interval: float
+    session_ttl: float
+    sites: Mapping[str, SiteOptions]
+    site_groups: Mapping[str, tuple[str, ...]]
+    bans: BanOptions
+    latency_ewma_alpha: float
+    site_pools: Mapping[str, str]
+    proxies: Mapping[str, tuple[str, ...]]
+    ban_retries: int
+    ban_policy: str
+    policy: PolicyOptions
+    heartbeat_interval: float
+    host_ttl: float
+    logstats_interval: float
     #: The engine in use: "redis", "embedded" or "static" ("auto" resolved); ``requested_mode`` is
     #: PROXY_SHARD_MODE as set, so the runtime can tell an implied embedded engine from a chosen one.
-    mode: str = field(default_factory=_table("mode"))
-    requested_mode: str = field(default_factory=_table("requested_mode"))
-    redis_cluster: bool = field(default_factory=_table("redis_cluster"))
-    redis_sentinels: tuple[tuple[str, int], ...] = field(default_factory=_table("redis_sentinels"))
-    redis_sentinel_master: str | None = field(default_factory=_table("redis_sentinel_master"))
-    hosts: tuple[str, ...] = field(default_factory=_table("hosts"))
-    sharding: str = field(default_factory=_table("sharding"))
-    platforms: Mapping[str, tuple[str, ...]] = field(default_factory=_table("platforms"))
-    fallback: bool = field(default_factory=_table("fallback"))
-    redis_down_at_start: str = field(default_factory=_table("redis_down_at_start"))
-    redis_eviction: str = field(default_factory=_table("redis_eviction"))
-    fallback_grace: float = field(default_factory=_table("fallback_grace"))
-    fallback_warmup: float = field(default_factory=_table("fallback_warmup"))
-    snapshot_interval: float = field(default_factory=_table("snapshot_interval"))
+    mode: str
+    requested_mode: str
+    redis_cluster: bool
+    redis_sentinels: tuple[tuple[str, int], ...]
+    redis_sentinel_master: str | None
+    hosts: tuple[str, ...]
+    sharding: str
+    platforms: Mapping[str, tuple[str, ...]]
+    fallback: bool
+    redis_down_at_start: str
+    redis_eviction: str
+    fallback_grace: float
+    fallback_warmup: float
+    snapshot_interval: float
 
     ATTRIBUTE = "_proxy_shard_settings"
 
@@ -541,22 +551,21 @@ def _codes(settings: BaseSettings, name: str, label: str | None = None) -> froze
 
 def _setting_patterns(get: Any, name: str) -> tuple[re.Pattern[str], ...]:
     """Regexes; a lone string is one regex."""
-    raw = get(name)
-    try:
-        return compile_patterns(_one_or_many(raw), name)
-    except TypeError:
-        raise SettingError(f"{name} ({raw!r}) must be a list of regular expressions") from None
-    except ValueError as exc:
-        raise SettingError(str(exc)) from None
+    return _validated_list(get, name, compile_patterns, "regular expressions")
 
 
 def _setting_css(get: Any, name: str) -> tuple[str, ...]:
     """CSS selectors; a lone string is one selector (``"a, b"`` is one selector matching either)."""
+    return _validated_list(get, name, css_tuple, "CSS selectors")
+
+
+def _validated_list(get: Any, name: str, check: Callable[[list[Any], str], tuple], what: str) -> tuple:
+    """A setting's list (or lone string) through ``check``, whose ValueError becomes a SettingError."""
     raw = get(name, ())
     try:
-        return css_tuple(_one_or_many(raw), name)
+        return check(_one_or_many(raw), name)
     except TypeError:
-        raise SettingError(f"{name} ({raw!r}) must be a list of CSS selectors") from None
+        raise SettingError(f"{name} ({raw!r}) must be a list of {what}") from None
     except ValueError as exc:
         raise SettingError(str(exc)) from None
 
