@@ -56,8 +56,7 @@ def _enabled_runtime(crawler: Any) -> ShardRuntime | None:
     """
     gate = StartupGate.for_crawler(crawler)
     try:
-        settings = ShardSettings.from_settings(crawler.settings)
-        if not settings.enabled:
+        if not ShardSettings.for_crawler(crawler).enabled:
             raise NotConfigured("PROXY_SHARD_ENABLED is False")
         runtime = ShardRuntime.for_crawler(crawler)
     except ProxyShardError as exc:

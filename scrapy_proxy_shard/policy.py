@@ -22,12 +22,9 @@ import statistics
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
-from cssselect import SelectorError
-from parsel.csstranslator import HTMLTranslator
 from scrapy.http import HtmlResponse, Request, Response
 from scrapy.responsetypes import responsetypes
 from twisted.internet import defer
@@ -38,8 +35,19 @@ from w3lib.url import safe_url_string
 
 from scrapy_proxy_shard.crawl.decoding import decode_body
 from scrapy_proxy_shard.engine.sites import registrable_domain, site_of_url
-from scrapy_proxy_shard.exceptions import SettingError
-from scrapy_proxy_shard.settings import _integer, _mapping, _number
+from scrapy_proxy_shard.settings import (
+    DEFAULT_BAN_CODES,
+    DEFAULT_CHALLENGE_PATTERNS,
+    DEFAULT_CHALLENGE_REGEXES,
+    DEFAULT_MAX_DECODED_SIZE,
+    DEFAULT_PROXY_FAILURE_CODES,
+    DEFAULTS,
+    PolicyOptions,
+    ShardSettings,
+    SiteContentRules,
+    compile_patterns,
+    css_tuple,
+)
 
 __all__ = [
     "DEFAULT_BAN_CODES",
@@ -50,6 +58,7 @@ __all__ = [
     "FINE",
     "UNKNOWN",
     "BanPolicy",
+    "PolicyOptions",
     "SiteContentRules",
     "Verdict",
 ]
@@ -79,29 +88,6 @@ class Verdict:
 
 FINE = Verdict("fine")
 UNKNOWN = Verdict("unknown")
-
-DEFAULT_BAN_CODES: tuple[int, ...] = (403, 429, 503)
-DEFAULT_PROXY_FAILURE_CODES: tuple[int, ...] = (407,)
-
-#: Where anti-bot systems send a client they distrust; searched (case-insensitively) in a URL's host
-#: and in its path + query.
-DEFAULT_CHALLENGE_REGEXES: tuple[str, ...] = (
-    r"captcha",
-    r"challenge",
-    r"/cdn-cgi/",
-    r"are-?you-?human",
-    r"/blocked",
-    r"px-captcha",
-    r"distil",
-    r"/sorry/",
-    r"/login",
-    r"/signin",
-    r"verify",
-)
-DEFAULT_CHALLENGE_PATTERNS: tuple[re.Pattern[str], ...] = tuple(
-    re.compile(p, re.IGNORECASE) for p in DEFAULT_CHALLENGE_REGEXES
-)
-
 
 def _exception_types(module: str, *names: str) -> tuple[type[BaseException], ...]:
     """Exception classes that exist in this Scrapy version (the ``Download*Error`` family is 2.14+)."""
@@ -151,30 +137,14 @@ EXCEPTION_REASONS: tuple[tuple[tuple[type[BaseException], ...], str], ...] = (
 )
 
 
-@dataclass(frozen=True)
-class SiteContentRules:
-    """Per-site overrides (keyed by registrable domain); ``None`` / empty means "use the global value".
-
-    ``ban_codes`` and ``challenge_patterns`` replace the global lists for the site (so a site whose
-    real pages live under ``/login`` can drop that pattern). ``min_body_size`` is a hard floor on the
-    decoded body, checked in addition to the learned-median rule; ``min_body_ratio`` = 0 disables
-    the learned rule for the site.
-    """
-
-    required_css: tuple[str, ...] = ()
-    min_body_size: int | None = None
-    min_body_ratio: float | None = None
-    ban_codes: frozenset[int] | None = None
-    challenge_patterns: tuple[re.Pattern[str], ...] | None = None
-
-
 _NO_RULES = SiteContentRules()
 
 
 class BanPolicy:
     """Classifies responses and download errors into verdicts; keeps only body-size statistics.
 
-    Build it directly in tests; ``from_crawler`` / ``from_settings`` parse ``PROXY_SHARD_*`` settings.
+    Build it directly in tests; ``from_crawler`` takes the crawler's once-parsed ``ShardSettings.policy``,
+    ``from_settings`` parses only the policy's ``PROXY_SHARD_*`` settings (both through ``from_options``).
     """
 
     #: (exception types, reason) pairs for ``exception_verdict``; first match wins.
@@ -189,18 +159,18 @@ class BanPolicy:
         self,
         *,
         ban_codes: Iterable[int] = DEFAULT_BAN_CODES,
-        proxy_failure_codes: Iterable[int] = (407,),
+        proxy_failure_codes: Iterable[int] = DEFAULT_PROXY_FAILURE_CODES,
         challenge_patterns: Iterable[re.Pattern[str] | str] = DEFAULT_CHALLENGE_PATTERNS,
         required_css: Sequence[str] = (),
         site_rules: Mapping[str, SiteContentRules] | None = None,
-        small_body_ratio: float = 0.2,
-        small_body_min_samples: int = 10,
-        max_decoded_size: int = 1024 * 1024 * 1024,
+        small_body_ratio: float = DEFAULTS["PROXY_SHARD_SMALL_BODY_RATIO"],
+        small_body_min_samples: int = DEFAULTS["PROXY_SHARD_SMALL_BODY_MIN_SAMPLES"],
+        max_decoded_size: int = DEFAULT_MAX_DECODED_SIZE,
     ) -> None:
         self.ban_codes = frozenset(ban_codes)
         self.proxy_failure_codes = frozenset(proxy_failure_codes)
         self.challenge_patterns = compile_patterns(challenge_patterns)
-        self.required_css = _css_tuple(required_css, "required_css")
+        self.required_css = css_tuple(required_css, "required_css")
         self.site_rules = {registrable_domain(site): rules for site, rules in (site_rules or {}).items()}
         self.small_body_ratio = small_body_ratio
         self.small_body_min_samples = small_body_min_samples
@@ -213,8 +183,8 @@ class BanPolicy:
 
     @classmethod
     def from_crawler(cls, crawler: Any) -> BanPolicy:
-        """The policy configured by the crawler's settings (see ``from_settings``)."""
-        return cls.from_settings(crawler.settings)
+        """The policy configured by the crawler's settings, as parsed once for the whole crawler."""
+        return cls.from_options(ShardSettings.for_crawler(crawler).policy)
 
     @classmethod
     def from_settings(cls, settings: Any) -> BanPolicy:
@@ -222,7 +192,12 @@ class BanPolicy:
 
         Raises ``SettingError`` naming the setting and the bad value.
         """
-        return cls(**policy_kwargs(settings))
+        return cls.from_options(PolicyOptions.from_settings(settings))
+
+    @classmethod
+    def from_options(cls, options: PolicyOptions) -> BanPolicy:
+        """The policy for already-parsed options (a subclass with other arguments overrides this)."""
+        return cls(**options.as_kwargs())
 
     # --- responses -----------------------------------------------------------------------------
 
@@ -288,7 +263,7 @@ class BanPolicy:
     def _selectors_for(self, rules: SiteContentRules, override: Sequence[str] | None) -> tuple[str, ...]:
         """Precedence: explicit argument (meta / spider, even empty) → the site's rule → the global."""
         if override is not None:
-            return _css_tuple(override, "required_css")
+            return css_tuple(override, "required_css")
         return rules.required_css or self.required_css
 
     def _html_page(self, request: Request, response: Response) -> HtmlResponse | Verdict:
@@ -372,193 +347,3 @@ def _site_or_none(url: str) -> str | None:
         return site_of_url(url)
     except ValueError:
         return None
-
-
-# --- validation helpers (shared by __init__ and settings parsing) ------------------------------
-
-def compile_patterns(
-    patterns: Iterable[re.Pattern[str] | str], name: str = "challenge_patterns"
-) -> tuple[re.Pattern[str], ...]:
-    """Compile regex strings case-insensitively (compiled patterns are kept as given)."""
-    if isinstance(patterns, (str, re.Pattern)):
-        patterns = [patterns]
-    out = []
-    for pattern in patterns:
-        if isinstance(pattern, re.Pattern):
-            out.append(pattern)
-            continue
-        if not isinstance(pattern, str) or not pattern:
-            raise ValueError(f"{name}: {pattern!r} must be a non-empty regular expression string")
-        try:
-            out.append(re.compile(pattern, re.IGNORECASE))
-        except re.error as exc:
-            raise ValueError(f"{name}: invalid regular expression {pattern!r} ({exc})") from None
-    return tuple(out)
-
-
-@lru_cache(maxsize=1024)
-def _check_css(selector: str) -> None:
-    """Raise ValueError if the selector is not CSS parsel understands (cached: checked per page)."""
-    try:
-        _TRANSLATOR.css_to_xpath(selector)
-    except SelectorError as exc:
-        raise ValueError(f"invalid CSS selector {selector!r} ({exc})") from None
-
-
-_TRANSLATOR = HTMLTranslator()
-
-
-def _css_tuple(selectors: Sequence[str] | str, name: str) -> tuple[str, ...]:
-    """Validated selectors; a lone string is one selector (CSS commas mean "or", so never split)."""
-    if isinstance(selectors, str):
-        selectors = [selectors]
-    out = []
-    for selector in selectors:
-        if not isinstance(selector, str) or not selector.strip():
-            raise ValueError(f"{name}: {selector!r} must be a non-empty CSS selector string")
-        try:
-            _check_css(selector)
-        except ValueError as exc:
-            raise ValueError(f"{name}: {exc}") from None
-        out.append(selector)
-    return tuple(out)
-
-
-# --- settings ----------------------------------------------------------------------------------
-
-SETTING_DEFAULTS: dict[str, Any] = {
-    "PROXY_SHARD_BAN_CODES": list(DEFAULT_BAN_CODES),
-    "PROXY_SHARD_PROXY_FAILURE_CODES": list(DEFAULT_PROXY_FAILURE_CODES),
-    "PROXY_SHARD_CHALLENGE_PATTERNS": list(DEFAULT_CHALLENGE_REGEXES),
-    "PROXY_SHARD_REQUIRED_CSS": [],
-    "PROXY_SHARD_SMALL_BODY_RATIO": 0.2,
-    "PROXY_SHARD_SMALL_BODY_MIN_SAMPLES": 10,
-    "PROXY_SHARD_SITES": {},
-}
-
-#: Options of a ``PROXY_SHARD_SITES`` entry read here; the others belong to the lease engine.
-SITE_POLICY_OPTIONS = ("required_css", "min_body_size", "min_body_ratio", "ban_codes", "captcha_patterns")
-
-
-def policy_kwargs(settings: Any) -> dict[str, Any]:
-    """``BanPolicy`` keyword arguments from settings, every value validated."""
-    if not callable(getattr(settings, "get", None)):
-        raise SettingError(f"settings must be a Scrapy Settings object or a mapping, got {type(settings).__name__}")
-
-    def get(name: str, default: Any = None) -> Any:
-        value = settings.get(name)
-        return SETTING_DEFAULTS.get(name, default) if value is None else value
-
-    kwargs: dict[str, Any] = {
-        "ban_codes": _codes(get, "PROXY_SHARD_BAN_CODES"),
-        "proxy_failure_codes": _codes(get, "PROXY_SHARD_PROXY_FAILURE_CODES"),
-        "challenge_patterns": _setting_patterns(get, "PROXY_SHARD_CHALLENGE_PATTERNS"),
-        "required_css": _setting_css(get, "PROXY_SHARD_REQUIRED_CSS"),
-        "small_body_ratio": _ratio(get, "PROXY_SHARD_SMALL_BODY_RATIO"),
-        "small_body_min_samples": _integer(get, "PROXY_SHARD_SMALL_BODY_MIN_SAMPLES", minimum=1),
-        "site_rules": _site_rules(get),
-    }
-    max_size = settings.get("DOWNLOAD_MAXSIZE")
-    if max_size is not None:
-        kwargs["max_decoded_size"] = _integer(get, "DOWNLOAD_MAXSIZE", minimum=0)
-    return kwargs
-
-
-def _list(raw: Any, *, split_commas: bool) -> list[Any]:
-    """A list from a list/tuple/set, or from a string (comma-separated only where commas are safe)."""
-    if isinstance(raw, str):
-        if not split_commas:
-            return [raw] if raw.strip() else []
-        return [item.strip() for item in raw.split(",") if item.strip()]
-    if isinstance(raw, (list, tuple, set, frozenset)):
-        return list(raw)
-    raise TypeError
-
-
-def _codes(get: Any, name: str) -> frozenset[int]:
-    """HTTP status codes: ints or digit strings in 100-599, as a list or ``"403,429"``."""
-    raw = get(name)
-    message = f"{name} ({raw!r}) must be a list of HTTP status codes (100-599)"
-    try:
-        items = _list(raw, split_commas=True)
-    except TypeError:
-        raise SettingError(message) from None
-    codes = set()
-    for item in items:
-        if isinstance(item, bool) or not isinstance(item, (int, str)):
-            raise SettingError(message)
-        try:
-            code = int(item)
-        except ValueError:
-            raise SettingError(message) from None
-        if not 100 <= code <= 599:
-            raise SettingError(message)
-        codes.add(code)
-    return frozenset(codes)
-
-
-def _setting_patterns(get: Any, name: str) -> tuple[re.Pattern[str], ...]:
-    """Regexes; a lone string is one regex (commas are regex syntax: ``{1,3}``)."""
-    raw = get(name)
-    try:
-        return compile_patterns(_list(raw, split_commas=False), name)
-    except TypeError:
-        raise SettingError(f"{name} ({raw!r}) must be a list of regular expressions") from None
-    except ValueError as exc:
-        raise SettingError(str(exc)) from None
-
-
-def _setting_css(get: Any, name: str) -> tuple[str, ...]:
-    """CSS selectors; a lone string is one selector (``"a, b"`` is one selector matching either)."""
-    raw = get(name, [])
-    try:
-        return _css_tuple(_list(raw, split_commas=False), name)
-    except TypeError:
-        raise SettingError(f"{name} ({raw!r}) must be a list of CSS selectors") from None
-    except ValueError as exc:
-        raise SettingError(str(exc)) from None
-
-
-def _ratio(get: Any, name: str) -> float:
-    """A fraction of the usual body size: 0 (disabled) up to, but excluding, 1."""
-    value = _number(get, name, minimum=0.0)
-    if value >= 1:
-        raise SettingError(f"{name} ({get(name)!r}) must be >= 0 and < 1")
-    return value
-
-
-def _site_rules(get: Any) -> dict[str, SiteContentRules]:
-    """Content rules of ``PROXY_SHARD_SITES`` entries that set any policy option."""
-    out: dict[str, SiteContentRules] = {}
-    for site, options in _mapping(get, "PROXY_SHARD_SITES").items():
-        if not isinstance(options, Mapping):
-            raise SettingError(f"PROXY_SHARD_SITES[{site!r}] ({options!r}) must be a dict")
-        if not any(key in options for key in SITE_POLICY_OPTIONS):
-            continue
-        try:
-            key = registrable_domain(str(site))
-        except ValueError:
-            raise SettingError(f"PROXY_SHARD_SITES ({site!r}) is not a site name") from None
-        out[key] = _one_site(options, f"PROXY_SHARD_SITES[{site!r}]")
-    return out
-
-
-def _one_site(options: Mapping[str, Any], prefix: str) -> SiteContentRules:
-    def site_get(name: str, default: Any = None) -> Any:
-        value = options.get(name.rsplit(".", 1)[-1])
-        return default if value is None else value
-
-    min_size = min_ratio = codes = patterns = None
-    if site_get("min_body_size") is not None:
-        min_size = _integer(site_get, f"{prefix}.min_body_size", minimum=0)
-    if site_get("min_body_ratio") is not None:
-        min_ratio = _ratio(site_get, f"{prefix}.min_body_ratio")
-    if site_get("ban_codes") is not None:
-        codes = _codes(site_get, f"{prefix}.ban_codes")
-    if site_get("captcha_patterns") is not None:
-        patterns = _setting_patterns(site_get, f"{prefix}.captcha_patterns")
-    css = _setting_css(site_get, f"{prefix}.required_css")
-    return SiteContentRules(
-        required_css=css, min_body_size=min_size, min_body_ratio=min_ratio, ban_codes=codes,
-        challenge_patterns=patterns,
-    )

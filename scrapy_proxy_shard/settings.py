@@ -1,28 +1,66 @@
 """Every ``PROXY_SHARD_*`` setting: its default, its meaning, and its validation, in one module.
 
-``ShardSettings.from_settings`` turns a Scrapy ``Settings`` object (or any mapping) into plain,
-validated values once; nothing else reads settings. A bad value raises ``SettingError`` naming the
-setting and the value, never a traceback from deep inside.
+``ShardSettings.for_crawler`` parses a crawler's settings once into one frozen object that both
+middlewares, the runtime and the ban policy share (``from_settings`` parses any Scrapy ``Settings``
+or plain mapping, for tests and the CLI); nothing else reads ``PROXY_SHARD_*`` settings. ``DEFAULTS``
+is the one table of defaults: the dataclass field defaults are parsed from it, and the README's
+settings tables are checked against it (tests/test_settings_table.py). A bad value raises
+``SettingError`` naming the setting and the value, never a traceback from deep inside.
 """
 
 from __future__ import annotations
 
-import json
+import functools
 import os
+import re
 import socket
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from typing import Any
+
+from cssselect import SelectorError
+from parsel.csstranslator import HTMLTranslator
+from scrapy.exceptions import ScrapyDeprecationWarning
+from scrapy.settings import BaseSettings
 
 from scrapy_proxy_shard.engine.bans import BanOptions
 from scrapy_proxy_shard.engine.proxies import mask, parse_proxy
 from scrapy_proxy_shard.engine.schema import check_name
 from scrapy_proxy_shard.exceptions import SettingError
 
+DEFAULT_BAN_CODES: tuple[int, ...] = (403, 429, 503)
+DEFAULT_PROXY_FAILURE_CODES: tuple[int, ...] = (407,)
+
+#: Where anti-bot systems send a client they distrust; searched (case-insensitively) in a URL's host
+#: and in its path + query.
+DEFAULT_CHALLENGE_REGEXES: tuple[str, ...] = (
+    r"captcha",
+    r"challenge",
+    r"/cdn-cgi/",
+    r"are-?you-?human",
+    r"/blocked",
+    r"px-captcha",
+    r"distil",
+    r"/sorry/",
+    r"/login",
+    r"/signin",
+    r"verify",
+)
+DEFAULT_CHALLENGE_PATTERNS: tuple[re.Pattern[str], ...] = tuple(
+    re.compile(p, re.IGNORECASE) for p in DEFAULT_CHALLENGE_REGEXES
+)
+
+#: Decoding for content checks stops past this many bytes when DOWNLOAD_MAXSIZE is not given
+#: (Scrapy's own default of DOWNLOAD_MAXSIZE).
+DEFAULT_MAX_DECODED_SIZE = 1024 * 1024 * 1024
+
+#: The one table of defaults: every setting the plugin reads, and nothing else.
 DEFAULTS: dict[str, Any] = {
     "PROXY_SHARD_ENABLED": True,
     "PROXY_SHARD_REDIS_URL": None,  # falls back to scrapy-redis's REDIS_URL
     "PROXY_SHARD_REDIS_PARAMS": {},
+    "PROXY_SHARD_REDIS_CLIENT": None,  # an asyncio client, or a callable making one, instead of the URL
     "PROXY_SHARD_NAMESPACE": "proxy_shard",
     "PROXY_SHARD_POOL": "default",
     "PROXY_SHARD_HOST_ID": None,  # default "<hostname>:<pid>"
@@ -43,6 +81,12 @@ DEFAULTS: dict[str, Any] = {
     "PROXY_SHARD_PROXIES": None,
     "PROXY_SHARD_BAN_RETRIES": 5,
     "PROXY_SHARD_BAN_POLICY": "scrapy_proxy_shard.policy.BanPolicy",
+    "PROXY_SHARD_BAN_CODES": DEFAULT_BAN_CODES,
+    "PROXY_SHARD_PROXY_FAILURE_CODES": DEFAULT_PROXY_FAILURE_CODES,
+    "PROXY_SHARD_CHALLENGE_PATTERNS": DEFAULT_CHALLENGE_REGEXES,
+    "PROXY_SHARD_REQUIRED_CSS": (),
+    "PROXY_SHARD_SMALL_BODY_RATIO": 0.2,
+    "PROXY_SHARD_SMALL_BODY_MIN_SAMPLES": 10,
     "PROXY_SHARD_HEARTBEAT_INTERVAL": 10.0,
     "PROXY_SHARD_HOST_TTL": None,  # default max(30, 3 x PROXY_SHARD_HEARTBEAT_INTERVAL) seconds
     "PROXY_SHARD_LOGSTATS_INTERVAL": 60.0,
@@ -55,14 +99,21 @@ DEFAULTS: dict[str, Any] = {
     "PROXY_SHARD_PLATFORMS": {},
     "PROXY_SHARD_FALLBACK": True,
     "PROXY_SHARD_REDIS_DOWN_AT_START": "fail",
+    "PROXY_SHARD_REDIS_EVICTION": "refuse",
     "PROXY_SHARD_FALLBACK_GRACE": 10.0,
     "PROXY_SHARD_FALLBACK_WARMUP": 5.0,
     "PROXY_SHARD_SNAPSHOT_INTERVAL": 5.0,
 }
 
 MODES = ("auto", "redis", "embedded", "static")
+EVICTION_CHOICES = ("refuse", "warn")
 
-SITE_OPTIONS = ("concurrency", "min_interval")
+#: Options of a ``PROXY_SHARD_SITES`` entry: pacing for the lease engine, content rules for the policy.
+SITE_PACING_OPTIONS = ("concurrency", "min_interval")
+SITE_POLICY_OPTIONS = ("required_css", "min_body_size", "min_body_ratio", "ban_codes", "challenge_patterns")
+SITE_OPTIONS = SITE_PACING_OPTIONS + SITE_POLICY_OPTIONS
+#: Old per-site option names still accepted (with a deprecation warning): old name -> new name.
+RENAMED_SITE_OPTIONS = {"captcha_patterns": "challenge_patterns"}
 
 # Upper bounds (seconds unless said): far above any real use, far below what the Lua scripts' integer
 # ms and Redis expiries can hold (a bigger value used to write half a lease and burn the slot forever).
@@ -85,48 +136,143 @@ class SiteOptions:
 
 
 @dataclass(frozen=True)
-class ShardSettings:
-    """Validated settings of scrapy-proxy-shard (plain values; build it directly in tests)."""
+class SiteContentRules:
+    """Per-site overrides (keyed by registrable domain); ``None`` / empty means "use the global value".
 
-    enabled: bool = True
-    redis_url: str | None = None
-    redis_params: Mapping[str, Any] = field(default_factory=dict)
-    namespace: str = "proxy_shard"
-    pool: str = "default"
+    ``ban_codes`` and ``challenge_patterns`` replace the global lists for the site (so a site whose
+    real pages live under ``/login`` can drop that pattern). ``min_body_size`` is a hard floor on the
+    decoded body, checked in addition to the learned-median rule; ``min_body_ratio`` = 0 disables
+    the learned rule for the site.
+    """
+
+    required_css: tuple[str, ...] = ()
+    min_body_size: int | None = None
+    min_body_ratio: float | None = None
+    ban_codes: frozenset[int] | None = None
+    challenge_patterns: tuple[re.Pattern[str], ...] | None = None
+
+
+def _table(name: str) -> Callable[[], Any]:
+    """A field's default factory: its value in the parsed ``DEFAULTS`` table (so the two cannot disagree)."""
+    return lambda: getattr(_parsed_defaults(), name)
+
+
+@dataclass(frozen=True)
+class PolicyOptions:
+    """What the ban policy is configured with (``BanPolicy.from_options``); parsed with the rest."""
+
+    ban_codes: frozenset[int] = frozenset(DEFAULT_BAN_CODES)
+    proxy_failure_codes: frozenset[int] = frozenset(DEFAULT_PROXY_FAILURE_CODES)
+    challenge_patterns: tuple[re.Pattern[str], ...] = DEFAULT_CHALLENGE_PATTERNS
+    required_css: tuple[str, ...] = DEFAULTS["PROXY_SHARD_REQUIRED_CSS"]
+    site_rules: Mapping[str, SiteContentRules] = field(default_factory=dict)
+    small_body_ratio: float = DEFAULTS["PROXY_SHARD_SMALL_BODY_RATIO"]
+    small_body_min_samples: int = DEFAULTS["PROXY_SHARD_SMALL_BODY_MIN_SAMPLES"]
+    max_decoded_size: int = DEFAULT_MAX_DECODED_SIZE
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> PolicyOptions:
+        """Only the policy's settings (``BanPolicy.from_settings``); crawls get them from ShardSettings."""
+        s = _settings(settings)
+        return cls._parse(s, _site_rules(_site_entries(s)))
+
+    @classmethod
+    def _parse(cls, s: BaseSettings, site_rules: dict[str, SiteContentRules]) -> PolicyOptions:
+        get = _getter(s)
+        max_size = s.get("DOWNLOAD_MAXSIZE")
+        return cls(
+            ban_codes=_codes(s, "PROXY_SHARD_BAN_CODES"),
+            proxy_failure_codes=_codes(s, "PROXY_SHARD_PROXY_FAILURE_CODES"),
+            challenge_patterns=_setting_patterns(get, "PROXY_SHARD_CHALLENGE_PATTERNS"),
+            required_css=_setting_css(get, "PROXY_SHARD_REQUIRED_CSS"),
+            site_rules=site_rules,
+            small_body_ratio=_ratio(get, "PROXY_SHARD_SMALL_BODY_RATIO"),
+            small_body_min_samples=_integer(get, "PROXY_SHARD_SMALL_BODY_MIN_SAMPLES", minimum=1),
+            max_decoded_size=(DEFAULT_MAX_DECODED_SIZE if max_size is None
+                              else _integer(get, "DOWNLOAD_MAXSIZE", minimum=0)),
+        )
+
+    def as_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of ``BanPolicy`` (shallow: the rules stay the frozen objects they are)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def _defaults_from_table(cls: type) -> type:
+    """Give each field declared without a default the parsed table's value (runs before ``@dataclass``)."""
+    for name in cls.__annotations__:
+        if name not in cls.__dict__:
+            setattr(cls, name, field(default_factory=_table(name)))
+    return cls
+
+
+@dataclass(frozen=True)
+@_defaults_from_table
+class ShardSettings:
+    """Validated settings of scrapy-proxy-shard (plain values; build it directly in tests).
+
+    A field declared without a default takes its value from ``DEFAULTS`` as ``from_settings({})``
+    parses it (``_defaults_from_table``), so the table is the only place a default is written.
+    """
+
+    enabled: bool
+    redis_url: str | None
+    redis_params: Mapping[str, Any]
+    redis_client: Any = None  # PROXY_SHARD_REDIS_CLIENT: used as given (a client object or a factory)
+    namespace: str
+    pool: str
     host_id: str = field(default_factory=lambda: default_host_id())
-    lease_ttl: float = 210.0
-    max_wait: float = 60.0
-    site_concurrency: int = 1
-    min_interval: float = 1.0
-    session_ttl: float = 600.0
-    sites: Mapping[str, SiteOptions] = field(default_factory=dict)
-    site_groups: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    bans: BanOptions = field(default_factory=BanOptions)
-    latency_ewma_alpha: float = 0.2
-    site_pools: Mapping[str, str] = field(default_factory=dict)
-    proxies: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    ban_retries: int = 5
-    ban_policy: str = "scrapy_proxy_shard.policy.BanPolicy"
-    heartbeat_interval: float = 10.0
-    host_ttl: float = 30.0
-    logstats_interval: float = 60.0
-    mode: str = "embedded"
-    redis_cluster: bool = False
-    redis_sentinels: tuple[tuple[str, int], ...] = ()
-    redis_sentinel_master: str | None = None
-    hosts: tuple[str, ...] = ()
-    sharding: str = "consistent"
-    platforms: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    fallback: bool = True
-    redis_down_at_start: str = "fail"
-    fallback_grace: float = 10.0
-    fallback_warmup: float = 5.0
-    snapshot_interval: float = 5.0
+    lease_ttl: float
+    max_wait: float
+    site_concurrency: int
+    min_interval: float
+    session_ttl: float
+    sites: Mapping[str, SiteOptions]
+    site_groups: Mapping[str, tuple[str, ...]]
+    bans: BanOptions
+    latency_ewma_alpha: float
+    site_pools: Mapping[str, str]
+    proxies: Mapping[str, tuple[str, ...]]
+    ban_retries: int
+    ban_policy: str
+    policy: PolicyOptions
+    heartbeat_interval: float
+    host_ttl: float
+    logstats_interval: float
+    #: The engine in use: "redis", "embedded" or "static" ("auto" resolved); ``requested_mode`` is
+    #: PROXY_SHARD_MODE as set, so the runtime can tell an implied embedded engine from a chosen one.
+    mode: str
+    requested_mode: str
+    redis_cluster: bool
+    redis_sentinels: tuple[tuple[str, int], ...]
+    redis_sentinel_master: str | None
+    hosts: tuple[str, ...]
+    sharding: str
+    platforms: Mapping[str, tuple[str, ...]]
+    fallback: bool
+    redis_down_at_start: str
+    redis_eviction: str
+    fallback_grace: float
+    fallback_warmup: float
+    snapshot_interval: float
+
+    ATTRIBUTE = "_proxy_shard_settings"
+
+    @classmethod
+    def for_crawler(cls, crawler: Any) -> ShardSettings:
+        """The crawler's settings, parsed on first use and shared: both middlewares, the runtime and
+        the ban policy read the same object (a crawler's settings are frozen before components load).
+        A bad value raises ``SettingError`` on every call, so each caller reports the same cause."""
+        parsed = getattr(crawler, cls.ATTRIBUTE, None)
+        if parsed is None:
+            parsed = cls.from_settings(crawler.settings)
+            setattr(crawler, cls.ATTRIBUTE, parsed)
+        return parsed
 
     @classmethod
     def from_settings(cls, settings: Any) -> ShardSettings:
         """Parse a Scrapy Settings object or a plain mapping."""
-        get = _getter(settings)
+        s = _settings(settings)
+        get = _getter(s)
         lease_ttl_raw = get("PROXY_SHARD_LEASE_TTL")
         if lease_ttl_raw is None:
             download_timeout = _number(get, "DOWNLOAD_TIMEOUT", 180.0, minimum=0.0, maximum=MAX_LEASE_TTL - 30.0)
@@ -153,10 +299,12 @@ class ShardSettings:
             raise SettingError(
                 f"PROXY_SHARD_BAN_MAX_TTL ({bans.max_ttl!r}) must be >= PROXY_SHARD_BAN_TTL ({bans.ttl!r})"
             )
+        site_entries = _site_entries(s)
         return cls(
-            enabled=_boolean(get, "PROXY_SHARD_ENABLED"),
+            enabled=_boolean(s, "PROXY_SHARD_ENABLED"),
             redis_url=redis_url,
-            redis_params=_mapping(get, "PROXY_SHARD_REDIS_PARAMS"),
+            redis_params=_mapping(s, "PROXY_SHARD_REDIS_PARAMS"),
+            redis_client=get("PROXY_SHARD_REDIS_CLIENT"),
             namespace=_name(get, "PROXY_SHARD_NAMESPACE", "namespace"),
             pool=_name(get, "PROXY_SHARD_POOL", "pool"),
             host_id=host_id,
@@ -165,24 +313,27 @@ class ShardSettings:
             site_concurrency=concurrency,
             min_interval=min_interval,
             session_ttl=session_ttl,
-            sites=_sites(get, concurrency, min_interval),
-            site_groups=_site_groups(get),
+            sites=_sites(site_entries, concurrency, min_interval),
+            site_groups=_site_groups(s),
             bans=bans,
             latency_ewma_alpha=_number(get, "PROXY_SHARD_LATENCY_EWMA_ALPHA", minimum=0.001, maximum=1.0),
-            site_pools=_site_pools(get),
+            site_pools=_site_pools(s),
             proxies=_initial_proxies(get, _name(get, "PROXY_SHARD_POOL", "pool")),
             ban_retries=_integer(get, "PROXY_SHARD_BAN_RETRIES", minimum=0),
             ban_policy=_dotted_path(get, "PROXY_SHARD_BAN_POLICY"),
+            policy=PolicyOptions._parse(s, _site_rules(site_entries)),
             **_health(get),
             mode=_mode(get, redis_url or get("PROXY_SHARD_REDIS_SENTINELS")),
-            redis_cluster=_boolean(get, "PROXY_SHARD_REDIS_CLUSTER"),
+            requested_mode=get("PROXY_SHARD_MODE"),
+            redis_cluster=_boolean(s, "PROXY_SHARD_REDIS_CLUSTER"),
             redis_sentinels=_sentinels(get),
             redis_sentinel_master=_sentinel_master(get),
             hosts=_hosts(get, host_id),
             sharding=_choice(get, "PROXY_SHARD_SHARDING", ("consistent", "modulo")),
-            platforms=_platforms(get),
-            fallback=_boolean(get, "PROXY_SHARD_FALLBACK"),
+            platforms=_platforms(s),
+            fallback=_boolean(s, "PROXY_SHARD_FALLBACK"),
             redis_down_at_start=_choice(get, "PROXY_SHARD_REDIS_DOWN_AT_START", ("fail", "fallback")),
+            redis_eviction=_choice(get, "PROXY_SHARD_REDIS_EVICTION", EVICTION_CHOICES),
             fallback_grace=_number(get, "PROXY_SHARD_FALLBACK_GRACE", minimum=0.0, maximum=MAX_PERIOD),
             fallback_warmup=_number(get, "PROXY_SHARD_FALLBACK_WARMUP", minimum=0.0, maximum=MAX_PERIOD),
             snapshot_interval=_number(get, "PROXY_SHARD_SNAPSHOT_INTERVAL", minimum=0.1, maximum=MAX_PERIOD),
@@ -193,6 +344,12 @@ class ShardSettings:
         return self.sites.get(site) or SiteOptions(self.site_concurrency, self.min_interval)
 
 
+@functools.cache
+def _parsed_defaults() -> ShardSettings:
+    """``DEFAULTS`` parsed once: the source of every ``ShardSettings`` field default."""
+    return ShardSettings.from_settings({})
+
+
 def default_host_id() -> str:
     """``hostname:pid``: unique per Scrapy process on a cluster, readable in status output."""
     return f"{socket.gethostname()}:{os.getpid()}"
@@ -200,15 +357,20 @@ def default_host_id() -> str:
 
 # --- parsing helpers: each names the setting and the bad value ---------------------------------
 
-def _getter(settings: Any):
-    if hasattr(settings, "get") and callable(settings.get):
-        def get(name: str, default: Any = None) -> Any:
-            value = settings.get(name)
-            if value is None:
-                return DEFAULTS.get(name, default)
-            return value
-        return get
+def _settings(settings: Any) -> BaseSettings:
+    """Scrapy settings as they are; a plain mapping (tests, the CLI) wrapped so Scrapy's getters apply."""
+    if isinstance(settings, BaseSettings):
+        return settings
+    if isinstance(settings, Mapping):
+        return BaseSettings(dict(settings))
     raise SettingError(f"settings must be a Scrapy Settings object or a mapping, got {type(settings).__name__}")
+
+
+def _getter(settings: BaseSettings):
+    """``get(name, default)``: the value, else the table's default, else ``default``."""
+    def get(name: str, default: Any = None) -> Any:
+        return settings.get(name, DEFAULTS.get(name, default))
+    return get
 
 
 def _number(get, name: str, default: Any = None, *, minimum: float | None = None,
@@ -245,31 +407,22 @@ def _integer(get, name: str, default: Any = None, *, minimum: int | None = None,
     return value
 
 
-def _boolean(get, name: str) -> bool:
-    raw = get(name)
-    if isinstance(raw, bool):
-        return raw
-    if isinstance(raw, int) and raw in (0, 1):
-        return bool(raw)
-    if isinstance(raw, str) and raw.strip().lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
-        return raw.strip().lower() in ("1", "true", "yes", "on")
-    raise SettingError(f"{name} ({raw!r}) must be True or False")
+def _boolean(settings: BaseSettings, name: str) -> bool:
+    """Scrapy's ``getbool`` (True/False, 1/0, "True"/"False"/"1"/"0"), its errors naming the setting."""
+    try:
+        return settings.getbool(name, DEFAULTS[name])
+    except (TypeError, ValueError):
+        raise SettingError(f"{name} ({settings.get(name)!r}) must be True or False") from None
 
 
-def _mapping(get, name: str) -> dict:
-    raw = get(name)
-    if raw is None:
-        return {}
-    if hasattr(raw, "copy_to_dict"):
-        raw = raw.copy_to_dict()
-    if isinstance(raw, str):
-        try:
-            raw = json.loads(raw) if raw.strip() else {}
-        except ValueError:
-            raise SettingError(f"{name} ({_shown(name, raw)}) must be a dict or a JSON object") from None
-    if not isinstance(raw, Mapping):
-        raise SettingError(f"{name} ({_shown(name, raw)}) must be a dict")
-    return dict(raw)
+def _mapping(settings: BaseSettings, name: str) -> dict:
+    """Scrapy's ``getdict`` (a dict, or a JSON object string), its errors naming the setting."""
+    try:
+        return settings.getdict(name, DEFAULTS.get(name))
+    except ValueError:
+        raise SettingError(f"{name} ({_shown(name, settings.get(name))}) must be a dict or a JSON object") from None
+    except TypeError:
+        raise SettingError(f"{name} ({_shown(name, settings.get(name))}) must be a dict") from None
 
 
 #: Settings whose values may hold a password (redis-py's ``password=``): errors never echo them.
@@ -288,41 +441,196 @@ def _name(get, name: str, kind: str) -> str:
         raise SettingError(f"{name}: {exc}") from None
 
 
-def _sites(get, concurrency: int, min_interval: float) -> dict[str, SiteOptions]:
+def _site_entries(settings: BaseSettings) -> list[tuple[str, str, dict[str, Any]]]:
+    """``PROXY_SHARD_SITES`` checked once: (site key, label for errors, options under their current names).
+
+    Both the pacing (``_sites``) and the content rules (``_site_rules``) read these entries, so an
+    option is known, renamed and refused in one place.
+    """
     from scrapy_proxy_shard.engine.sites import check_site
 
-    out: dict[str, SiteOptions] = {}
-    for site, options in _mapping(get, "PROXY_SHARD_SITES").items():
+    out = []
+    for site, options in _mapping(settings, "PROXY_SHARD_SITES").items():
         key = check_site(site, "PROXY_SHARD_SITES")
+        label = f"PROXY_SHARD_SITES[{site!r}]"
         if not isinstance(options, Mapping):
-            raise SettingError(f"PROXY_SHARD_SITES[{site!r}] ({options!r}) must be a dict")
-        unknown = set(options) - set(SITE_OPTIONS) - _EXTRA_SITE_OPTIONS
+            raise SettingError(f"{label} ({options!r}) must be a dict")
+        options = dict(options)
+        for old, new in RENAMED_SITE_OPTIONS.items():
+            if old not in options:
+                continue
+            if new in options:
+                raise SettingError(f"{label}: set {new!r} only ({old!r} is its deprecated name)")
+            warnings.warn(f"{label}.{old} is deprecated: name it {new!r}", ScrapyDeprecationWarning, stacklevel=2)
+            options[new] = options.pop(old)
+        unknown = set(options) - set(SITE_OPTIONS)
         if unknown:
-            raise SettingError(
-                f"PROXY_SHARD_SITES[{site!r}]: unknown option(s) {sorted(unknown)} "
-                f"(known: {sorted(set(SITE_OPTIONS) | _EXTRA_SITE_OPTIONS)})"
-            )
-        sub = {**options}
+            raise SettingError(f"{label}: unknown option(s) {sorted(unknown)} (known: {sorted(SITE_OPTIONS)})")
+        out.append((key, label, options))
+    return out
 
-        def site_get(key: str, default: Any = None, _sub=sub) -> Any:
-            return _sub.get(key.rsplit(".", 1)[-1], default)
 
-        prefix = f"PROXY_SHARD_SITES[{site!r}]"
-        c = _integer(site_get, f"{prefix}.concurrency", concurrency, minimum=1, maximum=MAX_CONCURRENCY)
-        i = _number(site_get, f"{prefix}.min_interval", min_interval, minimum=0.0, maximum=MAX_INTERVAL)
+def _sites(entries: list[tuple[str, str, dict[str, Any]]], concurrency: int,
+           min_interval: float) -> dict[str, SiteOptions]:
+    """Pacing of each site, the global values where a site sets none."""
+    out: dict[str, SiteOptions] = {}
+    for key, label, options in entries:
+        def site_get(name: str, default: Any = None, _options=options) -> Any:
+            return _options.get(name.rsplit(".", 1)[-1], default)
+
+        c = _integer(site_get, f"{label}.concurrency", concurrency, minimum=1, maximum=MAX_CONCURRENCY)
+        i = _number(site_get, f"{label}.min_interval", min_interval, minimum=0.0, maximum=MAX_INTERVAL)
         out[key] = SiteOptions(c, i)
     return out
 
 
-# Options read by the ban-detection policy (validated there); accepted here so one dict serves both.
-_EXTRA_SITE_OPTIONS = {"required_css", "min_body_size", "min_body_ratio", "ban_codes", "captcha_patterns"}
+def _site_rules(entries: list[tuple[str, str, dict[str, Any]]]) -> dict[str, SiteContentRules]:
+    """Content rules of the sites that set any policy option."""
+    out: dict[str, SiteContentRules] = {}
+    for key, label, options in entries:
+        if any(name in options for name in SITE_POLICY_OPTIONS):
+            out[key] = _one_site(options, label)
+    return out
 
 
-def _site_groups(get) -> dict[str, tuple[str, ...]]:
+def _one_site(options: Mapping[str, Any], prefix: str) -> SiteContentRules:
+    def site_get(name: str, default: Any = None) -> Any:
+        value = options.get(name.rsplit(".", 1)[-1])
+        return default if value is None else value
+
+    min_size = min_ratio = codes = patterns = None
+    if site_get("min_body_size") is not None:
+        min_size = _integer(site_get, f"{prefix}.min_body_size", minimum=0)
+    if site_get("min_body_ratio") is not None:
+        min_ratio = _ratio(site_get, f"{prefix}.min_body_ratio")
+    if site_get("ban_codes") is not None:
+        codes = _codes(BaseSettings({"ban_codes": options["ban_codes"]}), "ban_codes", f"{prefix}.ban_codes")
+    if site_get("challenge_patterns") is not None:
+        patterns = _setting_patterns(site_get, f"{prefix}.challenge_patterns")
+    css = _setting_css(site_get, f"{prefix}.required_css")
+    return SiteContentRules(
+        required_css=css, min_body_size=min_size, min_body_ratio=min_ratio, ban_codes=codes,
+        challenge_patterns=patterns,
+    )
+
+
+# --- the ban policy's values (also used by BanPolicy.__init__ on values given directly) ---------------
+
+def _one_or_many(raw: Any) -> list[Any]:
+    """A list from a list/tuple/set, or one item from a string: regexes and CSS selectors use commas
+    themselves (``{1,3}``, ``a, b``), so Scrapy's comma-splitting ``getlist`` would cut them apart."""
+    if isinstance(raw, str):
+        return [raw] if raw.strip() else []
+    if isinstance(raw, (list, tuple, set, frozenset)):
+        return list(raw)
+    raise TypeError
+
+
+def _codes(settings: BaseSettings, name: str, label: str | None = None) -> frozenset[int]:
+    """HTTP status codes in 100-599 through Scrapy's ``getlist`` (a list, or ``"403,429"``)."""
+    label = label or name
+    raw = settings.get(name, DEFAULTS.get(name))
+    message = f"{label} ({raw!r}) must be a list of HTTP status codes (100-599)"
+    try:
+        items = settings.getlist(name, DEFAULTS.get(name))
+    except (TypeError, ValueError):
+        raise SettingError(message) from None
+    codes = set()
+    for item in items:
+        if isinstance(item, bool) or not isinstance(item, (int, str)):
+            raise SettingError(message)
+        try:
+            code = int(item)
+        except ValueError:
+            raise SettingError(message) from None
+        if not 100 <= code <= 599:
+            raise SettingError(message)
+        codes.add(code)
+    return frozenset(codes)
+
+
+def _setting_patterns(get: Any, name: str) -> tuple[re.Pattern[str], ...]:
+    """Regexes; a lone string is one regex."""
+    return _validated_list(get, name, compile_patterns, "regular expressions")
+
+
+def _setting_css(get: Any, name: str) -> tuple[str, ...]:
+    """CSS selectors; a lone string is one selector (``"a, b"`` is one selector matching either)."""
+    return _validated_list(get, name, css_tuple, "CSS selectors")
+
+
+def _validated_list(get: Any, name: str, check: Callable[[list[Any], str], tuple], what: str) -> tuple:
+    """A setting's list (or lone string) through ``check``, whose ValueError becomes a SettingError."""
+    raw = get(name, ())
+    try:
+        return check(_one_or_many(raw), name)
+    except TypeError:
+        raise SettingError(f"{name} ({raw!r}) must be a list of {what}") from None
+    except ValueError as exc:
+        raise SettingError(str(exc)) from None
+
+
+def _ratio(get: Any, name: str) -> float:
+    """A fraction of the usual body size: 0 (disabled) up to, but excluding, 1."""
+    value = _number(get, name, minimum=0.0)
+    if value >= 1:
+        raise SettingError(f"{name} ({get(name)!r}) must be >= 0 and < 1")
+    return value
+
+
+def compile_patterns(
+    patterns: Iterable[re.Pattern[str] | str], name: str = "challenge_patterns"
+) -> tuple[re.Pattern[str], ...]:
+    """Compile regex strings case-insensitively (compiled patterns are kept as given)."""
+    if isinstance(patterns, (str, re.Pattern)):
+        patterns = [patterns]
+    out = []
+    for pattern in patterns:
+        if isinstance(pattern, re.Pattern):
+            out.append(pattern)
+            continue
+        if not isinstance(pattern, str) or not pattern:
+            raise ValueError(f"{name}: {pattern!r} must be a non-empty regular expression string")
+        try:
+            out.append(re.compile(pattern, re.IGNORECASE))
+        except re.error as exc:
+            raise ValueError(f"{name}: invalid regular expression {pattern!r} ({exc})") from None
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=1024)
+def check_css(selector: str) -> None:
+    """Raise ValueError if the selector is not CSS parsel understands (cached: checked per page)."""
+    try:
+        _TRANSLATOR.css_to_xpath(selector)
+    except SelectorError as exc:
+        raise ValueError(f"invalid CSS selector {selector!r} ({exc})") from None
+
+
+_TRANSLATOR = HTMLTranslator()
+
+
+def css_tuple(selectors: Sequence[str] | str, name: str) -> tuple[str, ...]:
+    """Validated selectors; a lone string is one selector (CSS commas mean "or", so never split)."""
+    if isinstance(selectors, str):
+        selectors = [selectors]
+    out = []
+    for selector in selectors:
+        if not isinstance(selector, str) or not selector.strip():
+            raise ValueError(f"{name}: {selector!r} must be a non-empty CSS selector string")
+        try:
+            check_css(selector)
+        except ValueError as exc:
+            raise ValueError(f"{name}: {exc}") from None
+        out.append(selector)
+    return tuple(out)
+
+
+def _site_groups(settings: BaseSettings) -> dict[str, tuple[str, ...]]:
     from scrapy_proxy_shard.engine.sites import SITE_KEY_RE, check_site
 
     out: dict[str, tuple[str, ...]] = {}
-    for group, members in _mapping(get, "PROXY_SHARD_SITE_GROUPS").items():
+    for group, members in _mapping(settings, "PROXY_SHARD_SITE_GROUPS").items():
         if not isinstance(group, str) or not SITE_KEY_RE.fullmatch(group):
             raise SettingError(f"PROXY_SHARD_SITE_GROUPS: invalid group name {group!r} "
                                "(letters, digits, '.', '_' and '-'; '*' is reserved for proxy-wide)")
@@ -336,11 +644,11 @@ def _site_groups(get) -> dict[str, tuple[str, ...]]:
     return out
 
 
-def _site_pools(get) -> dict[str, str]:
+def _site_pools(settings: BaseSettings) -> dict[str, str]:
     from scrapy_proxy_shard.engine.sites import check_site
 
     out: dict[str, str] = {}
-    for site, pool in _mapping(get, "PROXY_SHARD_SITE_POOLS").items():
+    for site, pool in _mapping(settings, "PROXY_SHARD_SITE_POOLS").items():
         try:
             check_name("pool", pool)
         except SettingError as exc:
@@ -430,11 +738,11 @@ def _hosts(get, host_id: str) -> tuple[str, ...]:
     return hosts
 
 
-def _platforms(get) -> dict[str, tuple[str, ...]]:
+def _platforms(settings: BaseSettings) -> dict[str, tuple[str, ...]]:
     from scrapy_proxy_shard.engine.sites import check_site
 
     out: dict[str, tuple[str, ...]] = {}
-    for platform, sites in _mapping(get, "PROXY_SHARD_PLATFORMS").items():
+    for platform, sites in _mapping(settings, "PROXY_SHARD_PLATFORMS").items():
         try:
             check_name("platform", platform)
         except SettingError as exc:

@@ -437,7 +437,7 @@ def test_site_settings_build_content_rules():
         "www.shop.co.uk": {
             "concurrency": 2, "min_interval": 3,  # lease-engine options: ignored here
             "required_css": ["#products"], "min_body_size": 2000, "min_body_ratio": 0.5,
-            "ban_codes": [403, 404], "captcha_patterns": ["/interstitial"],
+            "ban_codes": [403, 404], "challenge_patterns": ["/interstitial"],
         },
         "pacing-only.example": {"concurrency": 4},
     })
@@ -460,7 +460,7 @@ def test_plain_mapping_settings_keep_the_default_size_limit():
 @pytest.mark.parametrize(
     ("name", "value", "message"),
     [
-        ("PROXY_SHARD_SITES", {"": {"min_body_size": 1}}, r"PROXY_SHARD_SITES \(''\) is not a site name"),
+        ("PROXY_SHARD_SITES", {"": {"min_body_size": 1}}, r"PROXY_SHARD_SITES: invalid site ''"),
         ("PROXY_SHARD_BAN_CODES", [403, 700], r"PROXY_SHARD_BAN_CODES \(\[403, 700\]\) must be a list of HTTP status"),
         ("PROXY_SHARD_BAN_CODES", "403,abc", r"PROXY_SHARD_BAN_CODES \('403,abc'\)"),
         ("PROXY_SHARD_BAN_CODES", [True], r"PROXY_SHARD_BAN_CODES \(\[True\]\)"),
@@ -484,8 +484,8 @@ def test_plain_mapping_settings_keep_the_default_size_limit():
          r"PROXY_SHARD_SITES\['a.example'\].min_body_ratio \(2\) must be >= 0 and < 1"),
         ("PROXY_SHARD_SITES", {"a.example": {"ban_codes": ["x"]}},
          r"PROXY_SHARD_SITES\['a.example'\].ban_codes \(\['x'\]\)"),
-        ("PROXY_SHARD_SITES", {"a.example": {"captcha_patterns": ["["]}},
-         r"PROXY_SHARD_SITES\['a.example'\].captcha_patterns: invalid regular expression '\['"),
+        ("PROXY_SHARD_SITES", {"a.example": {"challenge_patterns": ["["]}},
+         r"PROXY_SHARD_SITES\['a.example'\].challenge_patterns: invalid regular expression '\['"),
         ("PROXY_SHARD_SITES", {"a.example": {"required_css": ["a:nope"]}},
          r"PROXY_SHARD_SITES\['a.example'\].required_css: invalid CSS selector 'a:nope'"),
     ],

@@ -162,3 +162,70 @@ def test_a_request_lease_outlives_its_download_timeout_by_the_margin(redis_serve
     long_download, short_download = asyncio.run(scenario())
     assert 100 + LEASE_MARGIN - 1 < long_download <= 100 + LEASE_MARGIN  # the download's time, plus the margin
     assert 3 < short_download <= 4  # PROXY_SHARD_LEASE_TTL when it is the longer
+
+
+# --- one parse, one table (issue 9) ---------------------------------------------------------------
+
+def test_field_defaults_are_the_parsed_table():
+    """Building ShardSettings directly gives what parsing no settings gives (mode: 'auto' resolved)."""
+    from dataclasses import replace
+
+    from scrapy_proxy_shard.engine.bans import BanOptions
+
+    direct = ShardSettings(host_id="h")
+    assert direct == replace(ShardSettings.from_settings({}), host_id="h")
+    assert direct.mode == "embedded" and direct.requested_mode == "auto"
+    assert direct.bans == BanOptions()  # the engine's own defaults agree with the table
+
+
+def test_one_parse_per_crawler_is_shared_by_middlewares_runtime_and_policy():
+    from scrapy import Spider
+    from scrapy.utils.misc import build_from_crawler
+    from scrapy.utils.test import get_crawler
+
+    from scrapy_proxy_shard.middlewares import BanDetectionMiddleware, ProxyShardMiddleware
+    from scrapy_proxy_shard.policy import BanPolicy
+
+    crawler = get_crawler(Spider, {"PROXY_SHARD_BAN_CODES": [403, 451], "PROXY_SHARD_REDIS_EVICTION": "warn"})
+    leases = build_from_crawler(ProxyShardMiddleware, crawler)
+    bans = build_from_crawler(BanDetectionMiddleware, crawler)
+    parsed = ShardSettings.for_crawler(crawler)
+    assert leases.runtime.settings is parsed and bans.runtime.settings is parsed
+    assert parsed.redis_eviction == "warn"
+    assert isinstance(bans.policy, BanPolicy) and bans.policy.ban_codes == parsed.policy.ban_codes == {403, 451}
+
+
+def test_a_bad_value_stops_every_component_with_the_same_setting_error():
+    from scrapy.utils.test import get_crawler
+
+    crawler = get_crawler(settings_dict={"PROXY_SHARD_REDIS_EVICTION": "ignore"})
+    for _ in range(2):
+        with pytest.raises(SettingError, match=r"PROXY_SHARD_REDIS_EVICTION \('ignore'\) must be one of"):
+            ShardSettings.for_crawler(crawler)
+
+
+def test_plain_mappings_use_scrapy_getters_too():
+    s = ShardSettings.from_settings({"PROXY_SHARD_ENABLED": "False", "PROXY_SHARD_SITE_POOLS": '{"a.example": "dc"}',
+                                     "PROXY_SHARD_BAN_CODES": "403,520"})
+    assert s.enabled is False and s.site_pools == {"a.example": "dc"} and s.policy.ban_codes == {403, 520}
+    with pytest.raises(SettingError, match="must be a Scrapy Settings object or a mapping"):
+        ShardSettings.from_settings(["PROXY_SHARD_ENABLED"])
+
+
+def test_per_site_options_are_one_list_for_pacing_and_content_rules():
+    s = parse(PROXY_SHARD_SITES={"shop.example": {"concurrency": 2, "challenge_patterns": ["/wall"],
+                                                  "min_body_size": 10}})
+    assert s.site_options("shop.example") == SiteOptions(2, 1.0)
+    rules = s.policy.site_rules["shop.example"]
+    assert [p.pattern for p in rules.challenge_patterns] == ["/wall"] and rules.min_body_size == 10
+
+
+def test_the_old_captcha_patterns_name_still_works_with_a_deprecation_warning():
+    from scrapy.exceptions import ScrapyDeprecationWarning
+
+    with pytest.warns(ScrapyDeprecationWarning, match=r"PROXY_SHARD_SITES\['a.example'\].captcha_patterns .*"
+                                                      r"'challenge_patterns'"):
+        s = parse(PROXY_SHARD_SITES={"a.example": {"captcha_patterns": ["/wall"]}})
+    assert [p.pattern for p in s.policy.site_rules["a.example"].challenge_patterns] == ["/wall"]
+    with pytest.raises(SettingError, match=r"set 'challenge_patterns' only"):
+        parse(PROXY_SHARD_SITES={"a.example": {"captcha_patterns": ["/a"], "challenge_patterns": ["/b"]}})

@@ -19,7 +19,7 @@ from scrapy import Request, signals
 
 from scrapy_proxy_shard import signals as shard_signals
 from scrapy_proxy_shard.crawl.health import HostMonitor
-from scrapy_proxy_shard.crawl.startup import StartupGate, check_eviction, eviction_mode
+from scrapy_proxy_shard.crawl.startup import StartupGate, check_eviction
 from scrapy_proxy_shard.engine.schema import check_name
 from scrapy_proxy_shard.engine.sites import SiteMap, site_of_request
 from scrapy_proxy_shard.engine.store import AsyncPoolStore, Lease, LeaseWait, ReleaseResult
@@ -126,7 +126,7 @@ class ShardRuntime:
     def for_crawler(cls, crawler: Any) -> ShardRuntime:
         runtime = getattr(crawler, cls.ATTRIBUTE, None)
         if runtime is None:
-            settings = ShardSettings.from_settings(crawler.settings)
+            settings = ShardSettings.for_crawler(crawler)
             runtime = cls(crawler, settings, _injected_store_factory(crawler, settings))
             setattr(crawler, cls.ATTRIBUTE, runtime)
             crawler.signals.connect(runtime.spider_opened, signal=signals.spider_opened)
@@ -206,7 +206,7 @@ class ShardRuntime:
 
     async def _check_eviction(self) -> None:
         """Redis mode: refuse or warn when Redis may evict the pool's keys (startup.check_eviction)."""
-        mode = eviction_mode(self.crawler.settings)
+        mode = self.settings.redis_eviction
         store = getattr(self.store, "primary", self.store)
         if self.settings.mode != "redis" or getattr(self.store, "state", "redis") != "redis":
             return
@@ -227,7 +227,7 @@ class ShardRuntime:
         logger.info("proxy_shard: engine %(engine)s, namespace %(ns)r, host %(host)r, pools %(pools)s",
                     {"engine": engine, "ns": s.namespace, "host": s.host_id,
                      "pools": ", ".join(f"{p!r} ({n} proxies)" for p, n in sizes.items())})
-        if s.mode == "embedded" and self.crawler.settings.get("PROXY_SHARD_MODE", "auto") == "auto" and s.proxies:
+        if s.mode == "embedded" and s.requested_mode == "auto" and s.proxies:
             logger.warning(
                 "proxy_shard: PROXY_SHARD_MODE is 'auto' and no PROXY_SHARD_REDIS_URL is set: this process "
                 "leases from a private in-memory pool and hosts do NOT coordinate (3 hosts get 3 private "
@@ -558,7 +558,7 @@ class ShardRuntime:
 def _injected_store_factory(crawler: Any, settings: ShardSettings) -> Callable[[], AsyncPoolStore] | None:
     """``PROXY_SHARD_REDIS_CLIENT``: an asyncio Redis client (or a callable making one) to use instead of
     ``PROXY_SHARD_REDIS_URL``: for Redis Cluster/Sentinel clients built by hand, and fakeredis in tests."""
-    client = crawler.settings.get("PROXY_SHARD_REDIS_CLIENT")
+    client = settings.redis_client
     if client is None:
         return None
 

@@ -30,7 +30,6 @@ from scrapy_proxy_shard.exceptions import ProxyShardError, SettingError
 logger = logging.getLogger(__name__)
 
 REASON = "proxy_shard_error"
-EVICTION_CHOICES = ("refuse", "warn")
 
 
 class StartupGate:
@@ -80,14 +79,6 @@ class StartupGate:
         if self.error is not None:
             # Scrapy's runners: bootstrap_failed |= not crawler.spider -> `scrapy crawl` exits 1.
             self.crawler.spider = None
-
-
-def eviction_mode(settings: Any) -> str:
-    """``PROXY_SHARD_REDIS_EVICTION``: what to do when Redis may evict the pool's keys."""
-    raw = settings.get("PROXY_SHARD_REDIS_EVICTION", "refuse")
-    if raw not in EVICTION_CHOICES:
-        raise SettingError(f"PROXY_SHARD_REDIS_EVICTION ({raw!r}) must be one of 'refuse', 'warn'")
-    return raw
 
 
 async def check_eviction(client: Any, where: str, mode: str) -> None:
