@@ -29,8 +29,6 @@ stops every process it started before it exits, on error too.
                   the response, so start-to-start >= latency + interval must be >= 0.2)
       baseline    each process picks a random proxy per request, no coordination, Scrapy's default retry
       ours-hz100  diagnostic: ours with redis-server ``--hz 100`` (a setting)
-      ours-sleep  diagnostic: ours with a prototype fix patched into the crawl processes: waits for a
-                  cooling slot sleep locally instead of BLPOP (see ``install_sleep_wait``)
       ours-br     context: ours with Scrapy's own Accept-Encoding, so the site compresses with brotli
                   (quality 11, ~2.5 ms CPU per page, on the same 2 CPUs as the crawlers)
     The crawlers send ``Accept-Encoding: gzip, deflate`` (``--accept-encoding``) so that the local
@@ -39,8 +37,11 @@ stops every process it started before it exits, on error too.
     from first request start to last request end) / the ceiling:
     min(site bound = live non-burnt proxies summed over sites / max(min_interval, latency),
         Scrapy bound = hosts x CONCURRENT_REQUESTS / latency). Target: ours >= 0.75. The ours
-    variants also trace every lease, release and freed-list wait (wrapped in the crawl processes
-    only) and join them with the site's log to split each cycle of a (proxy, site) slot into parts.
+    variants also trace every lease and release (through the public ``lease_acquired`` /
+    ``lease_released`` signals of ``scrapy_proxy_shard.signals``) and join them with the site's log
+    to split each cycle of a (proxy, site) slot into parts.
+
+Each missed target prints ``MISS`` and makes the run exit with status 1 (0 when every target is met).
 """
 
 from __future__ import annotations
@@ -109,6 +110,7 @@ class BenchRecorder:
         self.crawler = crawler
         self.path = path
         self.items = 0
+        self.trace: list[list[Any]] = []
         self.t0 = self.t1 = self.cpu0 = self.cpu1 = None
 
     @classmethod
@@ -118,11 +120,23 @@ class BenchRecorder:
         crawler.signals.connect(ext.item_scraped, signal=signals.item_scraped)
         crawler.signals.connect(ext.spider_closed, signal=signals.spider_closed)
         if crawler.settings.get("BENCH_TRACE_FILE"):
+            from scrapy_proxy_shard import signals as shard_signals
+
             crawler.signals.connect(ext.response_downloaded, signal=signals.response_downloaded)
+            crawler.signals.connect(ext.lease_acquired, signal=shard_signals.lease_acquired)
+            crawler.signals.connect(ext.lease_released, signal=shard_signals.lease_released)
         return ext
 
     def response_downloaded(self, response: Any, request: Any, spider: Any = None) -> None:
-        TRACE.append(["resp", request.url, time.time()])
+        self.trace.append(["resp", request.url, time.time()])
+
+    def lease_acquired(self, request: Any, lease: Any, waited: float) -> None:
+        """Diagnostics for (b): when each request got its proxy, on the Redis clock."""
+        self.trace.append(["lease", request.url, lease.proxy_id, lease.issued_at])
+
+    def lease_released(self, request: Any, lease: Any, outcome: str, reason: Any, result: Any) -> None:
+        """Diagnostics for (b): when each lease went back, on the Redis clock."""
+        self.trace.append(["release", request.url, outcome, result.now])
 
     def request_scheduled(self, request: Any, spider: Any = None) -> None:
         if self.t0 is None:
@@ -141,7 +155,7 @@ class BenchRecorder:
         Path(self.path).write_text(json.dumps(result, indent=1, sort_keys=True), encoding="utf-8")
         trace = self.crawler.settings.get("BENCH_TRACE_FILE")
         if trace:
-            Path(trace).write_text("".join(json.dumps(e) + "\n" for e in TRACE), encoding="utf-8")
+            Path(trace).write_text("".join(json.dumps(e) + "\n" for e in self.trace), encoding="utf-8")
 
 
 class BenchSpider(scrapy.Spider):
@@ -198,78 +212,11 @@ COMMON_SETTINGS: dict[str, Any] = {
 }
 
 
-TRACE: list[list[Any]] = []
-
-
-def install_trace() -> None:
-    """Diagnostics for (b): wall-clock events of every lease, release and freed-list wait in this process.
-
-    Wraps ``ShardRuntime.acquire``/``finish`` and ``AsyncPoolStore.lease``/``wait_for_release`` of this
-    crawl process only (nothing in the package changes); a few microseconds per request.
-    """
-    from scrapy_proxy_shard.crawl.runtime import ShardRuntime
-    from scrapy_proxy_shard.engine.store import AsyncPoolStore, Lease, _StoreBase
-
-    acquire, finish = ShardRuntime.acquire, ShardRuntime.finish
-
-    async def traced_acquire(self, request, pool, site, session_id):
-        t = time.time()
-        lease = await acquire(self, request, pool, site, session_id)
-        TRACE.append(["lease", request.url, lease.proxy_id, t, time.time(), lease.issued_at])
-        return lease
-
-    async def traced_finish(self, request, outcome, *, reason=None):
-        t = time.time()
-        result = await finish(self, request, outcome, reason=reason)
-        if result is not None:
-            TRACE.append(["release", request.url, outcome, t, time.time(), result.now])
-        return result
-
-    async def traced_lease(self, pool, site, **kwargs):
-        t = time.time()
-        result = await _StoreBase.lease(self, pool, site, **kwargs)
-        wait = None if isinstance(result, Lease) else [result.wait, result.reason]
-        TRACE.append(["try", site, t, time.time(), wait])
-        return result
-
-    async def traced_wait(self, pool, site, timeout):
-        t = time.time()
-        woken = await _StoreBase.wait_for_release(self, pool, site, timeout)
-        TRACE.append(["blpop", site, timeout, t, time.time(), woken])
-        return woken
-
-    ShardRuntime.acquire, ShardRuntime.finish = traced_acquire, traced_finish
-    AsyncPoolStore.lease, AsyncPoolStore.wait_for_release = traced_lease, traced_wait
-
-
-def install_sleep_wait() -> None:
-    """Prototype of a fix, for the ``ours-sleep`` diagnostic only: a WAIT for a *cooling* slot (reason
-    ``pool`` with a wait no longer than the site's min interval: nothing but time frees it) sleeps
-    locally for exactly that long instead of BLPOP, whose timeout Redis rounds up to its next
-    1/hz tick (100 ms at the default hz 10). Quarantine and held waits still block on the freed list."""
-    import asyncio
-
-    from scrapy_proxy_shard.crawl.runtime import MAX_BLOCK, ShardRuntime
-
-    async def _wait(self, pool, site, wait, remaining):
-        pause = min(wait.wait, remaining)
-        if wait.reason == "session" or (wait.reason == "pool" and wait.wait <= self._interval(site) + 0.001):
-            await asyncio.sleep(pause)
-        else:
-            await self.store.wait_for_release(pool, site, min(pause, MAX_BLOCK))
-
-    ShardRuntime._wait = _wait
-
-
 def crawl_child(config_path: str) -> int:
     """Run one crawl as described by a JSON config (the orchestrator writes it)."""
     from scrapy.crawler import CrawlerProcess
 
     cfg = json.loads(Path(config_path).read_text(encoding="utf-8"))
-    if cfg.get("sleep_wait"):
-        install_sleep_wait()
-    if cfg.get("trace"):
-        install_trace()
     settings = {**COMMON_SETTINGS, **cfg["settings"], "EXTENSIONS": {BenchRecorder: 0}}
     if cfg["mode"] in ("roundrobin", "random"):
         settings["DOWNLOADER_MIDDLEWARES"] = {ProxyListMiddleware: 610}
@@ -391,14 +338,13 @@ def load_pool(redis_url: str, namespace: str, urls: list[str]) -> None:
 
 
 def launch_crawl(kids: Kids, workdir: Path, name: str, mode: str, settings: dict, spider: dict, *,
-                 trace: bool = False, sleep_wait: bool = False, profile: bool = False) -> dict:
+                 trace: bool = False, profile: bool = False) -> dict:
     result = workdir / f"{name}.result.json"
     config = workdir / f"{name}.config.json"
     settings = {**settings, "BENCH_RESULT_FILE": str(result), "LOG_FILE": str(workdir / f"{name}.log")}
     if trace:
         settings["BENCH_TRACE_FILE"] = str(workdir / f"{name}.trace.jsonl")
-    config.write_text(json.dumps({"mode": mode, "settings": settings, "spider": spider, "trace": trace,
-                                  "sleep_wait": sleep_wait,
+    config.write_text(json.dumps({"mode": mode, "settings": settings, "spider": spider,
                                   "profile": str(workdir / f"{name}.prof") if profile else None}, indent=1))
     proc = kids.spawn([sys.executable, str(Path(__file__).resolve()), "--crawl", str(config)],
                       workdir / f"{name}.out")
@@ -553,19 +499,18 @@ def burnt_plan(healthy_ips: list[str], per_site: int) -> dict[str, list[str]]:
 
 
 VARIANTS_B = {
-    # name: (crawl mode, redis-server hz, patched cooling waits, Scrapy's own Accept-Encoding)
-    "ours": ("ours", None, False, False),
-    "baseline": ("random", None, False, False),
-    "ours-hz100": ("ours", 100, False, False),  # diagnostic: a setting (redis.conf hz 100)
-    "ours-sleep": ("ours", None, True, False),  # diagnostic: a prototype code fix (install_sleep_wait)
-    "ours-br": ("ours", None, False, True),  # context: brotli bodies, the site's CPU competes with the crawl
+    # name: (crawl mode, redis-server hz, Scrapy's own Accept-Encoding)
+    "ours": ("ours", None, False),
+    "baseline": ("random", None, False),
+    "ours-hz100": ("ours", 100, False),  # diagnostic: a setting (redis.conf hz 100)
+    "ours-br": ("ours", None, True),  # context: brotli bodies, the site's CPU competes with the crawl
 }
 
 
 def run_scenario(args: argparse.Namespace, kids: Kids, workdir: Path, variant: str, r: int) -> dict:
     from scrapy_proxy_shard.demo.sitelog import read_log, summarize
 
-    mode, hz, sleep_wait, scrapy_encoding = VARIANTS_B[variant]
+    mode, hz, scrapy_encoding = VARIANTS_B[variant]
     wd = workdir / f"b{r}-{variant}"
     wd.mkdir()
     site_log = wd / "site.log"
@@ -598,8 +543,7 @@ def run_scenario(args: argparse.Namespace, kids: Kids, workdir: Path, variant: s
             spider = {"sites": ",".join(SITES), "pages": args.pages_b, "shard": h, "shards": args.hosts,
                       "required_css": "|".join(CATALOG_CSS), "ready_file": str(wd / f"host-{h}.ready"),
                       "go_file": str(wd / "go")}
-            crawls.append(launch_crawl(kids, wd, f"host-{h}", mode, s, spider, trace=mode == "ours" and args.trace,
-                                       sleep_wait=sleep_wait))
+            crawls.append(launch_crawl(kids, wd, f"host-{h}", mode, s, spider, trace=mode == "ours" and args.trace))
         deadline = time.monotonic() + 60
         while (not all((wd / f"host-{h}.ready").exists() for h in range(args.hosts))
                and all(c["proc"].poll() is None for c in crawls) and time.monotonic() < deadline):
@@ -713,19 +657,14 @@ def breakdown(entries: list[dict], hosts: list[dict], manifest: list[dict], args
     leases: dict[tuple[str, str], list[float]] = defaultdict(list)  # (url, ip) -> Redis lease times
     releases_by_url: dict[str, list[float]] = defaultdict(list)  # url -> Redis release times
     responded: dict[str, list[float]] = defaultdict(list)
-    tries, blpops = [], []
     for host in hosts:
         for ev in host["trace"]:
             if ev[0] == "lease":
-                leases[(ev[1], ip_of.get(ev[2], "?"))].append(ev[5])
+                leases[(ev[1], ip_of.get(ev[2], "?"))].append(ev[3])
             elif ev[0] == "release":
-                releases_by_url[ev[1]].append(ev[5])
+                releases_by_url[ev[1]].append(ev[3])
             elif ev[0] == "resp":
                 responded[ev[1]].append(ev[2])
-            elif ev[0] == "try":
-                tries.append(ev)
-            elif ev[0] == "blpop":
-                blpops.append(ev)
     parts: dict[str, list[float]] = defaultdict(list)
     for (ip, site), group in _live_slots(entries, args.burnt_map).items():
         for a, b in itertools.pairwise(group):
@@ -741,16 +680,11 @@ def breakdown(entries: list[dict], hosts: list[dict], manifest: list[dict], args
             parts["late"].append(lease_b - (rel_a + args.interval))
             parts["out"].append(b["start"] - lease_b)
             parts["cycle"].append(b["start"] - a["start"])
-    timed_out = [ev for ev in blpops if not ev[5]]
     return {
         "cycles": len(parts["cycle"]),
         "medians": {k: statistics.median(v) for k, v in parts.items()},
         "means": {k: statistics.fmean(v) for k, v in parts.items()},
-        "tries": len(tries), "waits": sum(1 for ev in tries if ev[4] is not None),
         "leases": sum(len(v) for v in leases.values()),
-        "blpops": len(blpops), "blpop_woken": len(blpops) - len(timed_out),
-        "blpop_overshoot_p50": _q([ev[4] - ev[3] - ev[2] for ev in timed_out], 0.5),
-        "blpop_timeout_p50": _q([ev[2] for ev in timed_out], 0.5),
     }
 
 
@@ -772,7 +706,7 @@ def bench_efficiency(args: argparse.Namespace, kids: Kids, workdir: Path) -> dic
     scrapy_bound = args.hosts * args.concurrency_b / args.latency if args.latency else float("inf")
     args.ceiling = min(site_bound, scrapy_bound)
     bound = "site (live proxies / min_interval)" if site_bound <= scrapy_bound else "Scrapy concurrency"
-    variants = args.variants_b or (["ours", "baseline"] + (["ours-hz100", "ours-sleep", "ours-br"]
+    variants = args.variants_b or (["ours", "baseline"] + (["ours-hz100", "ours-br"]
                                                           if args.diagnose else []))
     print(f"\n(b) efficiency: {args.hosts} hosts x CONCURRENT_REQUESTS {args.concurrency_b}, {len(SITES)} sites x "
           f"{args.pages_b} pages, {args.healthy} healthy proxies ({args.burnt} burnt per site) + 1 dead, "
@@ -811,15 +745,15 @@ def report_efficiency(args: argparse.Namespace, b: dict) -> list[str]:
     lines.append("  (OK/s .. CPU: the median run; wall: from the common start signal to the last host's exit; "
                  "held: leases left in Redis; CPU: all CPUs' busy share over the crawl, scrapy + site + proxies + "
                  "redis)")
-    ours = median([r["efficiency"] for r in b["runs"]["ours"]])
-    lines.append(f"  ours efficiency = {ours:.3f} (target >= {EFFICIENCY_TARGET}) "
-                 f"{verdict(ours >= EFFICIENCY_TARGET)}")
+    if "ours" in b["runs"]:
+        ours = b["ours"] = median([r["efficiency"] for r in b["runs"]["ours"]])
+        lines.append(f"  ours efficiency = {ours:.3f} (target >= {EFFICIENCY_TARGET}) "
+                     f"{verdict(ours >= EFFICIENCY_TARGET)}")
     lines.append("  Where the time goes: parts of one cycle of a live (IP, site) slot, medians in ms over every cycle "
                  "of the median run (site log joined with the crawls' traces; ideal = latency + rest = "
                  f"{1000 * (args.latency + args.interval):.0f} ms, the site allows {1000 * args.site_interval:.0f})")
     names = ("service", "back", "judge+release", "late", "out", "cycle")
-    lines.append(f"    {'variant':10s} " + " ".join(f"{n:>13s}" for n in names)
-                 + "   lease tries / leases   BLPOPs woken/timed out, overshoot p50")
+    lines.append(f"    {'variant':10s} " + " ".join(f"{n:>13s}" for n in names) + "   leases")
     for variant, rs in b["runs"].items():
         pick = sorted(rs, key=lambda r: r["efficiency"])[len(rs) // 2]
         d = pick["breakdown"]
@@ -827,12 +761,10 @@ def report_efficiency(args: argparse.Namespace, b: dict) -> list[str]:
             continue
         med = d["medians"]
         lines.append(f"    {variant:10s} " + " ".join(f"{1000 * med[n]:13.1f}" for n in names)
-                     + f"   {d['tries']:5d} / {d['leases']:<5d}       {d['blpop_woken']:5d} / "
-                     f"{d['blpops'] - d['blpop_woken']:<5d} +{1000 * d['blpop_overshoot_p50']:.0f} ms")
+                     + f"   {d['leases']:6d}")
     lines.append("    (service: the site's own time; back: site -> proxy -> Scrapy; judge+release: ban detection + "
                  "release round trip; late: the free slot waiting for a taker; out: lease -> Scrapy downloader -> "
-                 "proxy -> site; BLPOP overshoot: time past the requested timeout, Redis rounds it up to 1/hz)")
-    b["ours"] = ours
+                 "proxy -> site)")
     return lines
 
 
@@ -915,7 +847,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--latency", type=float, default=0.05, help="the strict site's latency in (b)")
     p.add_argument("--site-interval", type=float, default=0.2, help="the strict site's min interval in (b)")
     p.add_argument("--no-diagnose", dest="diagnose", action="store_false",
-                   help="skip the diagnostic variants of (b): ours-hz100, ours-sleep and ours-br")
+                   help="skip the diagnostic variants of (b): ours-hz100 and ours-br")
     p.add_argument("--no-trace", dest="trace", action="store_false",
                    help="do not trace leases/releases in the ours variants of (b) (no time breakdown)")
     p.add_argument("--only", choices=("a", "b"), help="run one part only")
@@ -964,11 +896,18 @@ def main(argv: list[str] | None = None) -> int:
     head = machine_lines()
     print("\n".join(head), flush=True)
     lines: list[str] = []
+    misses: list[str] = []
     try:
         if args.only in (None, "a"):
-            lines += report_overhead(bench_overhead(args, kids, workdir))
+            a = bench_overhead(args, kids, workdir)
+            lines += report_overhead(a)
+            if a["ratio"] < OVERHEAD_TARGET:
+                misses.append(f"(a) ours / baseline {a['ratio']:.3f} < {OVERHEAD_TARGET}")
         if args.only in (None, "b"):
-            lines += report_efficiency(args, bench_efficiency(args, kids, workdir))
+            b = bench_efficiency(args, kids, workdir)
+            lines += report_efficiency(args, b)
+            if "ours" in b and b["ours"] < EFFICIENCY_TARGET:
+                misses.append(f"(b) ours efficiency {b['ours']:.3f} < {EFFICIENCY_TARGET}")
     finally:
         kids.stop_all()
         import shutil
@@ -980,8 +919,9 @@ def main(argv: list[str] | None = None) -> int:
     lines.append(f"\ntotal {time.monotonic() - started:.0f}s; load average at end: "
                  f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}"
                  + (f"; work directory kept: {workdir}" if args.keep else ""))
+    lines.append("MISSED: " + "; ".join(misses) if misses else "all targets met")
     print("\n" + "=" * 100 + "\n" + "\n".join(head + lines), flush=True)
-    return 0
+    return 1 if misses else 0  # a missed target fails the run (CI and scripts see it)
 
 
 if __name__ == "__main__":

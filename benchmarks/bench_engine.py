@@ -39,8 +39,8 @@ from typing import Any
 
 import redis
 
-from scrapy_proxy_shard import keys
 from scrapy_proxy_shard.demo.redis_server import RedisServer
+from scrapy_proxy_shard.engine import schema as keys
 from scrapy_proxy_shard.engine.store import Lease, PoolStore
 
 SIZES = (500, 10_000, 100_000)
@@ -341,8 +341,7 @@ def engine_revision() -> str:
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
                               text=True, timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "scrapy_proxy_shard/store.py",
-                                "scrapy_proxy_shard/scripts.py", "scrapy_proxy_shard/lua"],
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "scrapy_proxy_shard/engine"],
                                cwd=root, capture_output=True, text=True, timeout=10, check=True).stdout
     except (OSError, subprocess.SubprocessError):
         return "unknown (not a git checkout)"
@@ -579,7 +578,7 @@ def main(argv: list[str] | None = None) -> int:
                   verdict(ok)]]))
 
     print(f"\n{'all targets met' if not misses else f'{misses} target(s) missed'}")
-    return 0
+    return 1 if misses else 0  # a missed target fails the run (CI and scripts see it)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from scrapy import Request, Spider
+from scrapy.downloadermiddlewares.retry import get_retry_request
 from scrapy.exceptions import IgnoreRequest, NotConfigured
 from scrapy.http import Response
 from scrapy.utils.misc import build_from_crawler, load_object
@@ -149,10 +150,11 @@ class BanDetectionMiddleware:
                                spider: Spider | None = None) -> Request | Response:
         if self.runtime is None or self.runtime.lease_of(request) is None:
             return response
-        verdict = self._response_verdict(request, response, spider or self.crawler.spider)
+        spider = spider or self.crawler.spider
+        verdict = self._response_verdict(request, response, spider)
         if verdict.kind in ("ban", "dead"):
             await self.runtime.finish(request, verdict.kind, reason=verdict.reason)
-            return self._retry(request, verdict)
+            return self._retry(request, verdict, spider)
         await self.runtime.finish(request, "ok" if verdict.kind == "fine" else "unknown")
         return response
 
@@ -160,12 +162,13 @@ class BanDetectionMiddleware:
                                 spider: Spider | None = None) -> Request | None:
         if self.runtime is None or self.runtime.lease_of(request) is None or isinstance(exception, IgnoreRequest):
             return None
-        verdict = self._exception_verdict(request, exception, spider or self.crawler.spider)
+        spider = spider or self.crawler.spider
+        verdict = self._exception_verdict(request, exception, spider)
         if verdict.kind not in ("ban", "dead"):
             return None  # ProxyShardMiddleware releases it as an error
         await self.runtime.finish(request, verdict.kind, reason=verdict.reason)
         try:
-            return self._retry(request, verdict)
+            return self._retry(request, verdict, spider)
         except ProxyBanned:
             return None  # budget spent: the original exception reaches the errback
 
@@ -184,26 +187,39 @@ class BanDetectionMiddleware:
             return Verdict("ban", "spider_exception") if said else Verdict("unknown")
         return self.policy.exception_verdict(request, exception)
 
-    def _retry(self, request: Request, verdict: Verdict) -> Request:
-        """A copy of ``request`` for another proxy, or ProxyBanned once the budget is spent."""
-        stats = self.runtime.stats
+    def _retry(self, request: Request, verdict: Verdict, spider: Spider) -> Request:
+        """A copy of ``request`` for another proxy, or ProxyBanned once the budget is spent.
+
+        Scrapy's ``get_retry_request`` does the copy, priority, logging and stats
+        (``proxy_shard/ban_retries/count``, ``.../reason_count/<reason>``, ``.../max_reached``).
+        Ban retries keep their own budget (``PROXY_SHARD_BAN_RETRIES``, meta
+        ``proxy_shard_max_ban_retries``) and counter (meta ``proxy_shard_ban_retries``): a ban
+        is not a network failure, so it must neither spend nor be limited by ``RETRY_TIMES``.
+        Hence ``max_retry_times`` is the request's ``retry_times`` plus what is left of the
+        ban budget, and the copy gets its ``retry_times`` back.
+        """
         done = int(request.meta.get("proxy_shard_ban_retries", 0))
         limit = int(request.meta.get("proxy_shard_max_ban_retries", self.runtime.settings.ban_retries))
-        if done >= limit:
-            stats.inc_value(f"{STATS}/ban_gave_up")
-            stats.inc_value(f"{STATS}/ban_gave_up/reason/{verdict.reason}")
-            logger.warning("proxy_shard: gave up on %(url)s: banned (%(reason)s) through %(n)d proxies",
-                           {"url": request.url, "reason": verdict.reason, "n": done + 1})
+        retry_times = request.meta.get("retry_times")
+        retry = get_retry_request(
+            request,
+            spider=spider,
+            reason=verdict.reason or verdict.kind,
+            max_retry_times=(retry_times or 0) + limit - done,
+            logger=logger,
+            give_up_log_level=logging.WARNING,
+            stats_base_key=f"{STATS}/ban_retries",
+        )
+        if retry is None:
             raise ProxyBanned(
                 f"{request.url}: banned ({verdict.reason}) through {done + 1} proxies; "
                 f"the retry budget ({limit}) is spent"
             )
-        retry = request.copy()
+        if retry_times is None:
+            retry.meta.pop("retry_times", None)
+        else:
+            retry.meta["retry_times"] = retry_times
         retry.meta["proxy_shard_ban_retries"] = done + 1
-        retry.dont_filter = True
-        stats.inc_value(f"{STATS}/ban_retries")
-        logger.debug("proxy_shard: retrying %(url)s through another proxy (%(reason)s, retry %(n)d/%(limit)d)",
-                     {"url": request.url, "reason": verdict.reason, "n": done + 1, "limit": limit})
         return retry
 
 

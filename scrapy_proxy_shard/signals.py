@@ -8,3 +8,14 @@ Connect like any Scrapy signal::
 #: A sticky session's proxy was banned, dead or removed, and the session now uses another proxy.
 #: Handlers get ``request``, ``session_id``, ``site`` and ``proxy_id`` (the new proxy's id).
 session_rebound = object()
+
+#: ``request`` got a lease (sent once per lease, after any wait). Handlers get ``request``, ``lease``
+#: (a :class:`~scrapy_proxy_shard.engine.store.Lease`: ``proxy_id``, ``site``, ``issued_at`` on the
+#: Redis clock...) and ``waited`` (seconds spent waiting for it). For tracing and dashboards.
+lease_acquired = object()
+
+#: ``request``'s lease went back to the pool. Handlers get ``request``, ``lease``, ``outcome``
+#: (``ok``, ``ban``, ``dead``, ``error``, ``unknown``), ``reason`` and ``result`` (a
+#: :class:`~scrapy_proxy_shard.engine.store.ReleaseResult`: ``status``, ``now`` on the Redis clock).
+#: Not sent when the release itself failed (the lease then expires in Redis).
+lease_released = object()

@@ -1,7 +1,10 @@
 """Credentials never leak: proxies with distinctive passwords (and a Redis with one) go through a real
 crawl, every CLI command and the exporter; then everything they wrote is searched for the passwords:
 stdout, stderr, the crawl log (DEBUG), stats, items, /metrics, and every Redis key name and value
-except the one hash whose job is to hold the proxy URLs."""
+except the one hash whose job is to hold the proxy URLs.
+
+The run happens once per module (``leak_run``); each surface is then its own named test, so a
+failure says where the password showed up."""
 
 from __future__ import annotations
 
@@ -36,7 +39,7 @@ CANARIES = [REDIS_PASSWORD, *PASSWORDS.values(),
 FLEET = """
 import asyncio, json, sys
 from scrapy_proxy_shard.demo.forward_proxy import ProxyFleet, ProxySpec, site_hosts
-from scrapy_proxy_shard.demo.site import run_until_signalled, write_file_atomically
+from scrapy_proxy_shard.demo.httpkit import run_until_signalled, write_file_atomically
 site_port, out = int(sys.argv[1]), sys.argv[2]
 specs = [ProxySpec("127.0.0.41", "canary-a", "ProxyCanary-A1"), ProxySpec("127.0.0.42", "canary-b", "ProxyCanary-B2"),
          ProxySpec("127.0.0.43"), ProxySpec("127.0.0.44", "canary-c", "ProxyCanary-C3")]
@@ -46,17 +49,21 @@ asyncio.run(run_until_signalled(fleet, lambda: write_file_atomically(out, json.d
 
 
 class Outputs:
-    """Everything a person or a log could see, collected for the final search."""
+    """Everything a person or a log could see, collected for the final search, by surface."""
 
     def __init__(self) -> None:
         self.texts: dict[str, str] = {}
+        self.surfaces: dict[str, str] = {}  # text name -> surface ("crawl", "cli", "metrics", "redis")
 
-    def add(self, name: str, text: str) -> str:
-        self.texts[f"{name}#{len(self.texts)}"] = text
+    def add(self, name: str, text: str, surface: str) -> str:
+        key = f"{name}#{len(self.texts)}"
+        self.texts[key] = text
+        self.surfaces[key] = surface
         return text
 
-    def leaks(self) -> list[str]:
-        return [f"{canary} in {name}" for name, text in self.texts.items() for canary in CANARIES if canary in text]
+    def leaks(self, surface: str | None = None) -> list[str]:
+        return [f"{canary} in {name}" for name, text in self.texts.items() for canary in CANARIES
+                if canary in text and surface in (None, self.surfaces[name])]
 
 
 def _wait_file(path: Path, proc: subprocess.Popen, timeout: float = 30.0) -> str:
@@ -79,7 +86,7 @@ def _stop(proc: subprocess.Popen) -> None:
             proc.wait(timeout=10)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def redis_with_password():
     server = RedisServer().start()
     redis.Redis(port=server.port).config_set("requirepass", REDIS_PASSWORD)
@@ -87,11 +94,12 @@ def redis_with_password():
     server.stop()
 
 
-@pytest.fixture
-def site_and_proxies(tmp_path):
+@pytest.fixture(scope="module")
+def site_and_proxies(tmp_path_factory):
     """The demo anti-bot site (127.0.0.42 already blacklisted), four local proxies (three with auth) and a
     dead one: the datacenter pool gets the first three and the dead one, the residential pool the fourth
     (one IP in two pools would be two uncoordinated users of it, and the site would ban it)."""
+    tmp_path = tmp_path_factory.mktemp("site")
     children = []
     try:
         ready = tmp_path / "site.ready"
@@ -112,16 +120,28 @@ def site_and_proxies(tmp_path):
             _stop(child)
 
 
-def test_no_password_reaches_any_output(tmp_path, redis_with_password, site_and_proxies):
+class LeakRun:
+    """What one run of crawl + CLI + exporter left behind, and the facts the named tests check."""
+
+    def __init__(self) -> None:
+        self.out = Outputs()
+        self.facts: dict[str, object] = {}
+
+
+@pytest.fixture(scope="module")
+def leak_run(tmp_path_factory, redis_with_password, site_and_proxies) -> LeakRun:
+    """Load, crawl, run every CLI command and scrape the exporter once, collecting every output."""
+    tmp_path = tmp_path_factory.mktemp("leak")
     _server, url = redis_with_password
-    out = Outputs()
+    run = LeakRun()
+    out, facts = run.out, run.facts
     env = {**os.environ, "PROXY_SHARD_REDIS_URL": url, "PROXY_SHARD_NAMESPACE": NS}
 
     def cli(*args: str, stdin: str | None = None, code: int | None = 0) -> subprocess.CompletedProcess:
         proc = subprocess.run([sys.executable, "-m", "scrapy_proxy_shard", *args], env=env, input=stdin,
                               capture_output=True, text=True, timeout=60)
-        out.add(f"cli {' '.join(args)} stdout", proc.stdout)
-        out.add(f"cli {' '.join(args)} stderr", proc.stderr)
+        out.add(f"cli {' '.join(args)} stdout", proc.stdout, "cli")
+        out.add(f"cli {' '.join(args)} stderr", proc.stderr, "cli")
         if code is not None:
             assert proc.returncode == code, (args, proc.stdout, proc.stderr)
         return proc
@@ -129,16 +149,15 @@ def test_no_password_reaches_any_output(tmp_path, redis_with_password, site_and_
     def quick_cli(*args: str):
         result = CliRunner().invoke(cli_group, list(args), env={"PROXY_SHARD_REDIS_URL": url,
                                                                 "PROXY_SHARD_NAMESPACE": NS})
-        out.add(f"quick cli {' '.join(args)} stdout", result.stdout)
-        out.add(f"quick cli {' '.join(args)} stderr", result.stderr)
+        out.add(f"quick cli {' '.join(args)} stdout", result.stdout, "cli")
+        out.add(f"quick cli {' '.join(args)} stderr", result.stderr, "cli")
         return result
 
     for pool, urls in site_and_proxies.items():
         assert any(p in "".join(urls) for p in PASSWORDS.values())
         cli("--pool", pool, "load", "-", stdin="\n".join(urls) + "\n")
     bad_line = f"socks5://canary-x:{PASSWORDS['canary-x']}@10.0.0.1:1080\nhttp://canary-x:{PASSWORDS['canary-x']}@h:0\n"
-    bad = cli("--pool", "datacenter", "load", "-", stdin=bad_line, code=2)
-    assert "<stdin>:1:" in bad.stderr and "<stdin>:2:" in bad.stderr
+    facts["bad load stderr"] = cli("--pool", "datacenter", "load", "-", stdin=bad_line, code=2).stderr
 
     crawl = subprocess.Popen(
         [sys.executable, "-m", "scrapy", "crawl", "shop", "-a", "sites=shop-a.test", "-a", "pages=20", "-a", "flows=1",
@@ -159,16 +178,14 @@ def test_no_password_reaches_any_output(tmp_path, redis_with_password, site_and_
         stdout, stderr = crawl.communicate(timeout=120)
     finally:
         _stop(crawl)
-    out.add("crawl stdout", stdout)
-    out.add("crawl stderr", stderr)
-    log = out.add("crawl log", (tmp_path / "crawl.log").read_text())
-    assert crawl.returncode == 0, log[-3000:]
-    assert seen_live
-    stats = json.loads(out.add("stats", (tmp_path / "stats.json").read_text()))
-    out.add("items", (tmp_path / "items.jsonl").read_text())
-    assert stats.get("proxy_shard/leases", 0) > 0 and stats.get("proxy_shard/bans", 0) > 0, stats
-    assert "proxy_shard: leak-host:" in log  # the periodic pool line was written
-    assert "http://***:***@127.0.0.1:" in cli("list").stdout
+    out.add("crawl stdout", stdout, "crawl")
+    out.add("crawl stderr", stderr, "crawl")
+    log = out.add("crawl log", (tmp_path / "crawl.log").read_text(), "crawl")
+    assert crawl.returncode == 0, log[-3000:]  # the crawl ran: every later check depends on it
+    facts.update(seen_live=seen_live, log=log)
+    facts["stats"] = json.loads(out.add("stats", (tmp_path / "stats.json").read_text(), "stats"))
+    out.add("items", (tmp_path / "items.jsonl").read_text(), "stats")
+    facts["list stdout"] = cli("list").stdout
 
     # Every CLI view and change, naming proxies by URL (with its password) where a command takes one.
     with_password = next(u for u in site_and_proxies["datacenter"] if PASSWORDS["canary-a"] in u)
@@ -183,35 +200,71 @@ def test_no_password_reaches_any_output(tmp_path, redis_with_password, site_and_
     down = {**env, "PROXY_SHARD_REDIS_URL": f"redis://:{REDIS_PASSWORD}@127.0.0.1:{free_port()}/0"}
     proc = subprocess.run([sys.executable, "-m", "scrapy_proxy_shard", "status"], env=down, capture_output=True,
                           text=True, timeout=60)
-    out.add("cli redis down", proc.stdout + proc.stderr)
-    assert proc.returncode == 1 and "redis://***:***@127.0.0.1:" in proc.stderr
+    out.add("cli redis down", proc.stdout + proc.stderr, "cli")
+    facts["redis down"] = proc
 
     # The exporter, scraped over HTTP.
     client = redis.Redis.from_url(url, decode_responses=True)
     metrics_server, thread = serve(PoolStore(client, namespace=NS), port=free_port())
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics_server.server_address[1]}/metrics") as response:
-            metrics = out.add("metrics", response.read().decode())
+            facts["metrics"] = out.add("metrics", response.read().decode(), "metrics")
     finally:
         metrics_server.shutdown()
         metrics_server.server_close()
         thread.join(5)
-    assert 'proxy_shard_proxies{pool="datacenter"}' in metrics
 
     # Redis: key names, and every value outside the proxies hash.
     holders = []
     for key in client.scan_iter("*"):
-        out.add("redis key name", key)
+        out.add("redis key name", key, "redis")
         kind = client.type(key)
         dump = {"string": lambda k: client.get(k), "hash": client.hgetall, "zset": lambda k: client.zrange(k, 0, -1),
                 "list": lambda k: client.lrange(k, 0, -1), "set": client.smembers}[kind](key)
         if any(c in repr(dump) for c in CANARIES):
             holders.append(key)
-    assert set(holders) == {f"{{{NS}:datacenter}}:proxies", f"{{{NS}:residential}}:proxies"}, holders
+    facts["holders"] = holders
     client.close()
+    return run
 
-    assert not out.leaks(), out.leaks()
-    assert len(out.texts) > 40
+
+def test_the_crawl_log_and_console_show_no_password(leak_run):
+    log = leak_run.facts["log"]
+    assert "proxy_shard: leak-host:" in log  # the periodic pool line was written
+    assert not leak_run.out.leaks("crawl"), leak_run.out.leaks("crawl")
+
+
+def test_stats_and_items_show_no_password(leak_run):
+    stats = leak_run.facts["stats"]
+    assert stats.get("proxy_shard/leases", 0) > 0 and stats.get("proxy_shard/bans", 0) > 0, stats
+    assert not leak_run.out.leaks("stats"), leak_run.out.leaks("stats")
+
+
+def test_cli_output_shows_no_password(leak_run):
+    facts = leak_run.facts
+    assert facts["seen_live"]  # the CLI watched the crawl while it ran
+    assert "<stdin>:1:" in facts["bad load stderr"] and "<stdin>:2:" in facts["bad load stderr"]
+    assert "http://***:***@127.0.0.1:" in facts["list stdout"]
+    down = facts["redis down"]
+    assert down.returncode == 1 and "redis://***:***@127.0.0.1:" in down.stderr
+    assert not leak_run.out.leaks("cli"), leak_run.out.leaks("cli")
+
+
+def test_exporter_metrics_show_no_password(leak_run):
+    assert 'proxy_shard_proxies{pool="datacenter"}' in leak_run.facts["metrics"]
+    assert not leak_run.out.leaks("metrics"), leak_run.out.leaks("metrics")
+
+
+def test_redis_holds_passwords_only_in_the_proxies_hashes(leak_run):
+    assert set(leak_run.facts["holders"]) == {f"{{{NS}:datacenter}}:proxies", f"{{{NS}:residential}}:proxies"}
+    assert not leak_run.out.leaks("redis"), leak_run.out.leaks("redis")
+
+
+def test_every_surface_was_searched(leak_run):
+    """The searches above mean something only if the run produced output on every surface."""
+    assert set(leak_run.out.surfaces.values()) == {"crawl", "stats", "cli", "metrics", "redis"}
+    assert not leak_run.out.leaks(), leak_run.out.leaks()
+    assert len(leak_run.out.texts) > 40
 
 
 # --- every error path, with secret-bearing input -------------------------------------------------

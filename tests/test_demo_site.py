@@ -517,3 +517,13 @@ def test_server_thread_reports_start_failure() -> None:
             clash.start()
         assert isinstance(info.value.__cause__, OSError)
         clash.stop()  # no-op once the thread has ended
+
+
+def test_demo_refuses_in_one_line_without_example_project(tmp_path):
+    """A wheel has no example_project/: the demo must say so before it spawns anything."""
+    from scrapy_proxy_shard.demo.run import DemoConfig, DemoSetupError, require_project, run_demo
+
+    with pytest.raises(DemoSetupError, match="source checkout") as info:
+        run_demo(DemoConfig(project=tmp_path / "example_project", progress=False))
+    assert "\n" not in str(info.value) and str(tmp_path) in str(info.value)
+    require_project(DemoConfig().project)  # a source checkout passes

@@ -1,12 +1,16 @@
 """The lease engine's contract, run against fakeredis and a real redis-server alike.
 
-TTLs are shortened to fractions of a second instead of sleeping through real ones.
+TTLs are shortened to fractions of a second instead of sleeping through real ones, and on
+fakeredis the tests that wait do not sleep at all: ``clock`` controls the time fakeredis reads.
 """
 
 from __future__ import annotations
 
 import time
+import types
 
+import fakeredis._socket._base
+import fakeredis.commands_mixins.server_mixin
 import pytest
 
 from scrapy_proxy_shard.engine.sites import SiteMap
@@ -15,6 +19,59 @@ from scrapy_proxy_shard.exceptions import SettingError, UnknownPoolError
 
 POOL = "main"
 URLS = ["http://10.0.0.1:8000", "http://10.0.0.2:8000", "http://user:Pa55word@10.0.0.3:8000"]
+
+
+class Clock:
+    """The time the engine sees. Real servers: the wall clock, and ``sleep`` sleeps. fakeredis: a
+    controlled clock that ``sleep`` advances at once; fakeredis reads it for ``TIME`` (what the Lua
+    scripts go by) and for key expiry, so TTLs, intervals and bans elapse without real waiting."""
+
+    def __init__(self, controlled: bool) -> None:
+        self.controlled = controlled
+        self._now = time.time()
+
+    def time(self) -> float:
+        return self._now if self.controlled else time.time()
+
+    def sleep(self, seconds: float) -> None:
+        if self.controlled:
+            self._now += max(0.0, seconds)
+        else:
+            time.sleep(seconds)
+
+
+@pytest.fixture
+def clock(request, monkeypatch) -> Clock:
+    """A controlled clock on the fakeredis backend (this test's server only lives as long as it), real
+    time on real servers. fakeredis calls ``time.time()`` of its own modules: those are swapped for a
+    stand-in whose ``time`` is the clock (blocking commands still time out in real time)."""
+    params = getattr(getattr(request.node, "callspec", None), "params", {})
+    clock = Clock(controlled=params.get("backend") == "fakeredis")
+    if clock.controlled:
+        stand_in = types.SimpleNamespace(**{name: getattr(time, name) for name in dir(time) if name[0] != "_"})
+        stand_in.time = clock.time
+        for module in (fakeredis._socket._base, fakeredis.commands_mixins.server_mixin):
+            monkeypatch.setattr(module, "time", stand_in)
+    return clock
+
+
+def _redis_time(backend) -> float:
+    reply = backend.time()
+    if isinstance(reply, dict):  # a cluster client answers per node
+        reply = next(iter(reply.values()))
+    return reply[0] + reply[1] / 1e6
+
+
+def test_the_clock_is_controlled_on_fakeredis_only(backend, clock):
+    """Guards the fixture: if fakeredis stopped reading the patched clock, the timing tests below would
+    pass on fakeredis only by the luck of wall-clock speed; here a 100 s jump would not show."""
+    before = _redis_time(backend)
+    clock.sleep(100.0 if clock.controlled else 0.01)
+    elapsed = _redis_time(backend) - before
+    if clock.controlled:
+        assert elapsed == pytest.approx(100.0, abs=0.01)
+    else:
+        assert 0.005 < elapsed < 5.0
 
 
 @pytest.fixture
@@ -30,12 +87,12 @@ def lease_ok(store, site="a.example", **kw) -> Lease:
     return result
 
 
-def test_least_recently_used_rotation(pool):
+def test_least_recently_used_rotation(pool, clock):
     seen = []
     for _ in range(6):
         result = pool.lease(POOL, "a.example", ttl=5)
         while isinstance(result, LeaseWait):
-            time.sleep(result.wait)
+            clock.sleep(result.wait)
             result = pool.lease(POOL, "a.example", ttl=5)
         seen.append(result.proxy_id)
         pool.release(result, min_interval=0.01)
@@ -62,21 +119,21 @@ def test_site_concurrency_gives_that_many_slots(pool):
     assert isinstance(pool.lease(POOL, "a.example", ttl=5, concurrency=2), LeaseWait)
 
 
-def test_min_interval_paces_a_slot_and_wait_says_how_long(store):
+def test_min_interval_paces_a_slot_and_wait_says_how_long(store, clock):
     store.add_proxies(POOL, URLS[:1])
     lease = lease_ok(store)
     store.release(lease, min_interval=0.3)
     wait = store.lease(POOL, "a.example", ttl=5)
     assert isinstance(wait, LeaseWait) and wait.reason == "pool"
     assert 0.2 < wait.wait <= 0.3
-    time.sleep(wait.wait + 0.02)
+    clock.sleep(wait.wait + 0.02)
     assert lease_ok(store).proxy_id == lease.proxy_id
 
 
-def test_dead_holder_lease_expires_and_stale_release_is_a_counted_no_op(store):
+def test_dead_holder_lease_expires_and_stale_release_is_a_counted_no_op(store, clock):
     store.add_proxies(POOL, URLS[:1])
     first = lease_ok(store, ttl=0.2)
-    time.sleep(0.25)
+    clock.sleep(0.25)
     second = lease_ok(store, ttl=5)
     assert second.proxy_id == first.proxy_id
     result = store.release(first)  # late: someone else holds the slot now
@@ -86,33 +143,33 @@ def test_dead_holder_lease_expires_and_stale_release_is_a_counted_no_op(store):
     assert store.counters(POOL)["stale"] == 1
 
 
-def test_release_of_expired_unclaimed_lease_reports_expired(store):
+def test_release_of_expired_unclaimed_lease_reports_expired(store, clock):
     store.add_proxies(POOL, URLS[:1])
     lease = lease_ok(store, ttl=0.1)
-    time.sleep(0.15)
+    clock.sleep(0.15)
     assert store.release(lease).status == "expired"
     assert store.counters(POOL)["expired"] == 1
 
 
-def test_renew_keeps_a_long_download_leased(store):
+def test_renew_keeps_a_long_download_leased(store, clock):
     store.add_proxies(POOL, URLS[:1])
     lease = lease_ok(store, ttl=0.3)
     new_expiry = store.renew(lease, 5)
     assert new_expiry is not None and new_expiry > lease.expires_at
-    time.sleep(0.35)
+    clock.sleep(0.35)
     assert isinstance(store.lease(POOL, "a.example", ttl=5), LeaseWait)
     assert store.release(lease).status == "ok"
 
 
-def test_renew_of_lost_lease_returns_none(store):
+def test_renew_of_lost_lease_returns_none(store, clock):
     store.add_proxies(POOL, URLS[:1])
     lease = lease_ok(store, ttl=0.1)
-    time.sleep(0.15)
+    clock.sleep(0.15)
     lease_ok(store)
     assert store.renew(lease, 5) is None
 
 
-def test_ban_quarantines_on_that_site_only_and_expires_by_itself(store):
+def test_ban_quarantines_on_that_site_only_and_expires_by_itself(store, clock):
     store.add_proxies(POOL, URLS[:1])
     lease = lease_ok(store)
     result = store.release(lease, outcome="ban", reason="http_403")
@@ -120,19 +177,19 @@ def test_ban_quarantines_on_that_site_only_and_expires_by_itself(store):
     assert 0.25 < result.ban_until - result.now <= 0.3 + 1e-6
     assert isinstance(store.lease(POOL, "a.example", ttl=5), LeaseWait)
     assert lease_ok(store, "b.example").proxy_id == lease.proxy_id  # other sites unaffected
-    time.sleep(0.32)
+    clock.sleep(0.32)
     assert lease_ok(store).proxy_id == lease.proxy_id  # back without any reaper
 
 
-def test_ban_escalates_doubling_and_caps(store):
+def test_ban_escalates_doubling_and_caps(store, clock):
     store.add_proxies(POOL, URLS[:1])
     pid = lease_ok(store).proxy_id
     durations = []
     for _ in range(4):
-        now = time.time()
+        now = clock.time()
         res = store.ban(POOL, pid, site="x.example", reason="captcha")
         durations.append((res.until - now, res.strikes))
-        time.sleep(res.until - time.time() + 0.02)
+        clock.sleep(res.until - clock.time() + 0.02)
     strikes = [s for _, s in durations]
     assert strikes == [1, 2, 3, 4]
     lengths = [round(d, 1) for d, _ in durations]
@@ -142,13 +199,13 @@ def test_ban_escalates_doubling_and_caps(store):
     assert lengths[3] == pytest.approx(1.2, abs=0.06)  # capped at max_ttl
 
 
-def test_jitter_shortens_within_bounds(make_store):
+def test_jitter_shortens_within_bounds(make_store, clock):
     from scrapy_proxy_shard.settings import BanOptions
 
     store = make_store(bans=BanOptions(ttl=10, max_ttl=10, jitter=0.5), random_source=lambda: 1.0)
     store.add_proxies(POOL, URLS[:1])
     pid = lease_ok(store).proxy_id
-    now = time.time()
+    now = clock.time()
     res = store.ban(POOL, pid, site="a.example")
     assert res.until - now == pytest.approx(5.0, abs=0.1)
 
@@ -161,14 +218,14 @@ def test_simultaneous_ban_reports_count_one_strike(pool):
     assert len({r.ban_until for r in results}) == 1
 
 
-def test_dead_proxy_is_quarantined_on_every_site_including_new_ones(store):
+def test_dead_proxy_is_quarantined_on_every_site_including_new_ones(store, clock):
     store.add_proxies(POOL, URLS[:1])
     lease = lease_ok(store)
     lease_ok(store, "b.example")
     store.release(lease, outcome="dead", reason="connection_refused")
     for site in ("a.example", "b.example", "never-seen.example"):
         assert isinstance(store.lease(POOL, site, ttl=5), LeaseWait), site
-    time.sleep(0.32)
+    clock.sleep(0.32)
     assert lease_ok(store, "never-seen.example").proxy_id == lease.proxy_id
 
 
@@ -226,21 +283,21 @@ def test_session_holds_its_ip_on_the_site_for_its_lifetime(pool):
     assert lease_ok(pool).proxy_id == session.proxy_id
 
 
-def test_session_waits_for_its_own_interval_then_continues(pool):
+def test_session_waits_for_its_own_interval_then_continues(pool, clock):
     session = lease_ok(pool, session_id="s1")
     busy = pool.lease(POOL, "a.example", ttl=5, session_id="s1")
     assert isinstance(busy, LeaseWait) and busy.reason == "session"
     pool.release(session, min_interval=0.2)
     wait = pool.lease(POOL, "a.example", ttl=5, session_id="s1")
     assert isinstance(wait, LeaseWait) and 0.1 < wait.wait <= 0.2
-    time.sleep(wait.wait + 0.02)
+    clock.sleep(wait.wait + 0.02)
     assert lease_ok(pool, session_id="s1").proxy_id == session.proxy_id
 
 
-def test_session_expires_by_itself(pool):
+def test_session_expires_by_itself(pool, clock):
     session = lease_ok(pool, session_id="s1", ttl=0.1, session_ttl=0.2)
     pool.release(session, session_ttl=0.2)
-    time.sleep(0.25)
+    clock.sleep(0.25)
     assert pool.session_proxy(POOL, "a.example", "s1") is None
     assert len({lease_ok(pool).proxy_id for _ in range(3)}) == 3
 
@@ -322,12 +379,12 @@ def test_a_release_wakes_a_waiter_blocked_on_the_site(store):
     assert lease_ok(store).proxy_id == lease.proxy_id
 
 
-def test_min_interval_is_rest_after_release_so_path_delays_cannot_shrink_the_gap(store):
+def test_min_interval_is_rest_after_release_so_path_delays_cannot_shrink_the_gap(store, clock):
     """Pacing counts from the release (after the response came back), not from the lease: a request
     that spent long in transit then cannot be followed by one that reaches the site too soon."""
     store.add_proxies(POOL, URLS[:1])
     lease = lease_ok(store)
-    time.sleep(0.2)  # a download that took 0.2 s
+    clock.sleep(0.2)  # a download that took 0.2 s
     store.release(lease, min_interval=0.3)
     wait = store.lease(POOL, "a.example", ttl=5)
     assert isinstance(wait, LeaseWait) and 0.25 < wait.wait <= 0.3

@@ -201,6 +201,7 @@ def test_ban_status_quarantines_and_retries_through_another_proxy(status):
         retry = await h.respond(request, status=status, body=b"blocked")
         assert isinstance(retry, Request) and retry.dont_filter
         assert retry.meta["proxy_shard_ban_retries"] == 1
+        assert "retry_times" not in retry.meta  # a ban does not spend Scrapy's RETRY_TIMES
         await h.lease_mw.process_request(retry)
         assert retry.meta["proxy_shard_proxy_id"] != request.meta["proxy_shard_proxy_id"]
         with pytest.raises(ProxyBanned, match="retry budget \\(1\\) is spent"):
@@ -212,7 +213,8 @@ def test_ban_status_quarantines_and_retries_through_another_proxy(status):
     assert bans == {(request.meta["proxy_shard_proxy_id"], f"http_{status}"),
                     (retry.meta["proxy_shard_proxy_id"], f"http_{status}")}
     assert h.stat(f"bans/reason/http_{status}") == 2
-    assert h.stat("ban_retries") == 1 and h.stat("ban_gave_up") == 1
+    assert h.stat("ban_retries/count") == 1 and h.stat("ban_retries/max_reached") == 1
+    assert h.stat(f"ban_retries/reason_count/http_{status}") == 1
     assert h.admin.site_state("default", "shop.example").held == 0
 
 
@@ -414,3 +416,25 @@ def test_a_quarantined_proxy_does_not_make_waiters_sleep_through_a_release():
     elapsed, first, second = run(scenario())
     assert elapsed < 1.0
     assert second.meta["proxy_shard_proxy_id"] == first.meta["proxy_shard_proxy_id"]
+
+
+def test_ban_retry_budget_is_apart_from_scrapys_retry_times():
+    """A request already retried for network errors still gets its whole ban budget, and keeps its count."""
+    h = Harness({"RETRY_TIMES": 1})
+
+    async def scenario():
+        await h.open()
+        request = Request("http://shop.example/item", meta={"retry_times": 3, "proxy_shard_max_ban_retries": 2})
+        retries = []
+        for _ in range(2):
+            await h.lease_mw.process_request(request)
+            request = await h.respond(request, status=429)
+            assert isinstance(request, Request)
+            retries.append((request.meta["retry_times"], request.meta["proxy_shard_ban_retries"]))
+        await h.lease_mw.process_request(request)
+        with pytest.raises(ProxyBanned, match="retry budget \\(2\\) is spent"):
+            await h.respond(request, status=429)
+        return retries
+
+    assert run(scenario()) == [(3, 1), (3, 2)]
+    assert h.stat("ban_retries/count") == 2 and h.stat("ban_retries/max_reached") == 1

@@ -329,6 +329,7 @@ class ShardRuntime:
         if waited > MIN_PAUSE:
             self.stats.inc_value(f"{STATS}/wait_time", waited)
         self._record(request, result, session_id, site)
+        self.crawler.signals.send_catch_log(shard_signals.lease_acquired, request=request, lease=result, waited=waited)
         return result
 
     async def _lease_loop(self, pool: str, site: str, session_id: str | None, ttl: float,
@@ -538,6 +539,8 @@ class ShardRuntime:
             logger.warning("proxy_shard: release failed (the lease expires by itself): %(e)s", {"e": exc})
             return None
         self.stats.inc_value(f"{STATS}/release/{result.status}")
+        self.crawler.signals.send_catch_log(shard_signals.lease_released, request=request, lease=lease,
+                                            outcome=outcome, reason=reason, result=result)
         if outcome in ("ban", "dead"):
             self.stats.inc_value(f"{STATS}/bans")
             self.stats.inc_value(f"{STATS}/bans/reason/{reason or outcome}")

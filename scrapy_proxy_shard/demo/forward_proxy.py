@@ -29,10 +29,11 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-from scrapy_proxy_shard.demo.site import (
+from scrapy_proxy_shard.demo.httpkit import (
     HOP_BY_HOP,
     HttpError,
     HttpHead,
+    close_server,
     parse_request_line,
     read_body,
     read_head,
@@ -236,14 +237,7 @@ class ForwardProxy:
 
     async def stop(self) -> None:
         server, self._server = self._server, None
-        if server is not None:
-            server.close()
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        if server is not None:
-            await server.wait_closed()
+        await close_server(server, self._tasks)
 
     async def __aenter__(self) -> ForwardProxy:
         await self.start()

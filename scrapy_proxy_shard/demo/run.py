@@ -211,8 +211,22 @@ def _fmt(value: object) -> str:
     return f"{value:.1f}" if isinstance(value, float) else str(value)
 
 
+class DemoSetupError(RuntimeError):
+    """The demo cannot start here (said in one line, before anything is spawned)."""
+
+
+def require_project(project: Path) -> None:
+    """Refuse early when ``example_project/`` is absent: a wheel install does not ship it."""
+    if not (project / "scrapy.cfg").is_file():
+        raise DemoSetupError(
+            f"the demo needs example_project/ (looked in {project}), which only a source checkout has: "
+            "run `python -m scrapy_proxy_shard.demo` from a clone of the scrapy-proxy-shard repository"
+        )
+
+
 def run_demo(config: DemoConfig) -> DemoResult:
     """Run the whole demo; everything started here is stopped before returning."""
+    require_project(config.project)
     workdir = Path(config.workdir or tempfile.mkdtemp(prefix="proxy-shard-demo-"))
     workdir.mkdir(parents=True, exist_ok=True)
     site_log = workdir / "site.log"
@@ -426,7 +440,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     config = DemoConfig(hosts=args.hosts, pages=args.pages, flows=args.flows, workdir=args.workdir,
                         timeout=args.timeout)
-    result = run_demo(config)
+    try:
+        result = run_demo(config)
+    except DemoSetupError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     print(result.format())
     return 0 if result.ok else 1
 

@@ -11,8 +11,10 @@ Client identity is the peer IP of the TCP connection.  The local forward proxies
 :mod:`scrapy_proxy_shard.demo.forward_proxy` each connect from their own loopback
 address (127.0.0.x), so the site sees one IP per proxy, like a real target would.
 
-The module also holds the small HTTP/1.1 plumbing and server-running helpers that
-the forward proxy reuses, so both stay stdlib-only.
+The rules themselves (when an IP is banned, in which disguise) live in
+:mod:`scrapy_proxy_shard.demo.rules`; the HTTP plumbing and server running shared
+with the forward proxy in :mod:`scrapy_proxy_shard.demo.httpkit`.  This module turns
+verdicts into pages and logs every request.
 """
 
 from __future__ import annotations
@@ -21,24 +23,37 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
-import gzip
 import html
-import importlib.util
 import json
-import math
 import os
 import re
-import signal
 import sys
-import threading
 import time
 import zlib
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from http import HTTPStatus
-from typing import IO, Any, Generic, Protocol, TypeVar
+from typing import IO, Any
 from urllib.parse import parse_qs, quote, urlsplit
 
+from scrapy_proxy_shard.demo.httpkit import (
+    COMPRESSORS,
+    HttpError,
+    HttpHead,
+    ServerThread,
+    close_server,
+    parse_request_line,
+    pick_encoding,
+    read_body,
+    read_head,
+    render_response,
+    run_until_signalled,
+    wants_keep_alive,
+    write_file_atomically,
+)
+from scrapy_proxy_shard.demo.rules import BAN_STYLES, AntiBot, SiteRules, Verdict
+
+# HttpError, HttpHead, ServerThread, SiteRules and BAN_STYLES are re-exported: tests and
+# callers that drive the site import them from here.
 __all__ = [
     "BAN_STYLES",
     "DEFAULT_SITES",
@@ -52,376 +67,12 @@ __all__ = [
 
 DEFAULT_SITES: tuple[str, ...] = ("shop-a.test", "shop-b.test", "market.test")
 
-#: Every disguise a ban can take; each one needs a different detector in the crawler.
-BAN_STYLES: tuple[str, ...] = ("429", "403", "503", "captcha", "stub")
-
-#: Paths a banned client may still fetch and that do not count toward the rules:
-#: a crawler that follows the captcha redirect must not be punished for doing so.
-EXEMPT_PATHS = frozenset({"/captcha", "/robots.txt", "/favicon.ico"})
-
 _CATALOG_RE = re.compile(r"/catalog/(\d{1,6})")
 _FLOW_RE = re.compile(r"/flow/([A-Za-z0-9_.~-]{1,64})/step/(\d{1,4})")
 
 # --------------------------------------------------------------------------------------
-# Minimal HTTP/1.1 plumbing (also used by forward_proxy)
-# --------------------------------------------------------------------------------------
-
-HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-    }
-)
-
-
-class HttpError(Exception):
-    """A message we cannot handle; ``status`` is what to answer the client with."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
-@dataclass
-class HttpHead:
-    """The start line and header fields of one HTTP message, in wire order."""
-
-    start_line: str
-    headers: list[tuple[str, str]] = field(default_factory=list)
-
-    def get(self, name: str, default: str | None = None) -> str | None:
-        """First value of header ``name`` (case-insensitive)."""
-        wanted = name.lower()
-        for key, value in self.headers:
-            if key.lower() == wanted:
-                return value
-        return default
-
-    def tokens(self, name: str) -> set[str]:
-        """Lower-cased comma-separated tokens of every ``name`` header (e.g. Connection)."""
-        wanted = name.lower()
-        found: set[str] = set()
-        for key, value in self.headers:
-            if key.lower() == wanted:
-                found.update(t.strip().lower() for t in value.split(",") if t.strip())
-        return found
-
-
-def parse_head(raw: bytes) -> HttpHead:
-    """Parse a message head (start line + headers, CRLF-terminated) as latin-1 text."""
-    lines = raw.decode("latin-1").split("\r\n")
-    head = HttpHead(lines[0])
-    for line in lines[1:]:
-        if not line:
-            continue
-        name, sep, value = line.partition(":")
-        if not sep or not name or name != name.strip() or line[0] in " \t":
-            raise HttpError(400, "malformed header line")
-        head.headers.append((name, value.strip()))
-    return head
-
-
-async def read_head(reader: asyncio.StreamReader) -> HttpHead | None:
-    """Read one message head; ``None`` when the peer closed cleanly between messages."""
-    while True:
-        try:
-            raw = await reader.readuntil(b"\r\n\r\n")
-        except asyncio.IncompleteReadError as exc:
-            if not exc.partial.strip():
-                return None
-            raise HttpError(400, "truncated message head") from exc
-        except asyncio.LimitOverrunError as exc:
-            raise HttpError(431, "message head too large") from exc
-        # RFC 9112 2.2: ignore empty lines before the start line (stray CRLF after a body).
-        raw = raw.lstrip(b"\r\n")
-        if raw:
-            return parse_head(raw)
-
-
-def parse_request_line(line: str) -> tuple[str, str, str]:
-    """Split ``METHOD target HTTP/1.x`` into its three parts."""
-    parts = line.split(" ")
-    if len(parts) != 3 or not parts[0] or not parts[1]:
-        raise HttpError(400, "malformed request line")
-    method, target, version = parts
-    if version not in ("HTTP/1.0", "HTTP/1.1"):
-        raise HttpError(505, "only HTTP/1.0 and HTTP/1.1 are supported")
-    return method.upper(), target, version
-
-
-def wants_keep_alive(version: str, head: HttpHead) -> bool:
-    """Whether the sender of ``head`` expects the connection to stay open afterwards."""
-    tokens = head.tokens("connection") | head.tokens("proxy-connection")
-    if "close" in tokens:
-        return False
-    if version == "HTTP/1.0":
-        return "keep-alive" in tokens
-    return True
-
-
-def _content_length(head: HttpHead) -> int | None:
-    values = {v.strip() for k, v in head.headers if k.lower() == "content-length"}
-    if not values:
-        return None
-    if len(values) != 1:
-        raise HttpError(400, "conflicting Content-Length headers")
-    value = values.pop()
-    if not value.isdigit():
-        raise HttpError(400, "invalid Content-Length")
-    return int(value)
-
-
-async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
-    parts: list[bytes] = []
-    while True:
-        size_line = await reader.readuntil(b"\r\n")
-        try:
-            size = int(size_line.split(b";", 1)[0].strip(), 16)
-        except ValueError as exc:
-            raise HttpError(400, "invalid chunk size") from exc
-        if size == 0:
-            while await reader.readuntil(b"\r\n") != b"\r\n":  # skip trailer fields
-                pass
-            return b"".join(parts)
-        parts.append(await reader.readexactly(size))
-        await reader.readexactly(2)
-
-
-async def read_body(
-    reader: asyncio.StreamReader,
-    head: HttpHead,
-    *,
-    response_to: str | None = None,
-    status: int | None = None,
-) -> bytes:
-    """Read the body that follows ``head``.
-
-    For a request leave ``response_to`` as ``None``; for a response pass the request
-    method and the status, because HEAD answers and 1xx/204/304 carry no body and a
-    response without framing runs until the connection closes.
-    """
-    if response_to is not None:
-        assert status is not None
-        if response_to == "HEAD" or status in (204, 304) or 100 <= status < 200:
-            return b""
-    if "chunked" in head.tokens("transfer-encoding"):
-        return await _read_chunked(reader)
-    length = _content_length(head)
-    if length is not None:
-        return await reader.readexactly(length)
-    if response_to is not None:
-        return await reader.read()
-    return b""
-
-
-def reason_phrase(status: int) -> str:
-    try:
-        return HTTPStatus(status).phrase
-    except ValueError:
-        return "Unknown"
-
-
-def _brotli_compress(body: bytes) -> bytes:
-    import brotli
-
-    return brotli.compress(body)
-
-
-_COMPRESSORS = {"br": _brotli_compress, "gzip": gzip.compress}
-
-
-def _pick_encoding(accept: str) -> str | None:
-    """Like a real CDN: br when the client takes it (and brotli is installed), else gzip."""
-    offered = {part.split(";")[0].strip().lower() for part in accept.split(",")}
-    if "br" in offered and importlib.util.find_spec("brotli") is not None:
-        return "br"
-    return "gzip" if "gzip" in offered else None
-
-
-def render_response(
-    status: int,
-    headers: Iterable[tuple[str, str]],
-    body: bytes,
-    *,
-    keep_alive: bool,
-    include_body: bool = True,
-    reason: str | None = None,
-) -> bytes:
-    """Serialise a response framed by Content-Length (never chunked: simpler to verify).
-
-    ``headers`` must not contain Content-Length or Connection; they are added here.
-    """
-    lines = [f"HTTP/1.1 {status} {reason or reason_phrase(status)}"]
-    lines.extend(f"{name}: {value}" for name, value in headers)
-    lines.append(f"Content-Length: {len(body)}")
-    lines.append(f"Connection: {'keep-alive' if keep_alive else 'close'}")
-    head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-    return head + body if include_body else head
-
-
-# --------------------------------------------------------------------------------------
-# Running servers: in-process, in a background thread, or as a CLI until a signal
-# --------------------------------------------------------------------------------------
-
-
-class AsyncServer(Protocol):
-    """Anything with async start()/stop(): AntiBotSite, ForwardProxy, ProxyFleet."""
-
-    async def start(self) -> None: ...
-
-    async def stop(self) -> None: ...
-
-
-S = TypeVar("S", bound=AsyncServer)
-
-
-class ServerThread(Generic[S]):
-    """Run an async server (site or proxy fleet) on its own event loop in a daemon thread.
-
-    Synchronous callers (tests that drive Scrapy, urllib or http.client) need the
-    server to keep answering while they block; a private loop in a thread does that
-    without touching the caller's reactor or loop.
-    """
-
-    def __init__(self, server: S, *, start_timeout: float = 10.0) -> None:
-        self.server = server
-        self.start_timeout = start_timeout
-        self._thread: threading.Thread | None = None
-        self._ready = threading.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop_event: asyncio.Event | None = None
-        self._error: BaseException | None = None
-
-    def start(self) -> S:
-        """Start the server; returns it once it is listening (ports are then known)."""
-        if self._thread is not None:
-            raise RuntimeError("ServerThread already started")
-        self._thread = threading.Thread(target=self._run, name=f"{type(self.server).__name__}-thread", daemon=True)
-        self._thread.start()
-        if not self._ready.wait(self.start_timeout):
-            raise RuntimeError(f"{type(self.server).__name__} did not start in time")
-        if self._error is not None:
-            self._thread.join()
-            raise RuntimeError(f"{type(self.server).__name__} failed to start") from self._error
-        return self.server
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop the server and join the thread; safe to call twice."""
-        thread, loop, stop_event = self._thread, self._loop, self._stop_event
-        if thread is None or not thread.is_alive():
-            return
-        if loop is not None and stop_event is not None:
-            with contextlib.suppress(RuntimeError):  # loop already closed
-                loop.call_soon_threadsafe(stop_event.set)
-        thread.join(timeout)
-        if thread.is_alive():
-            raise RuntimeError(f"{type(self.server).__name__} did not stop in time")
-        if self._error is not None:
-            raise RuntimeError(f"{type(self.server).__name__} failed while stopping") from self._error
-
-    def __enter__(self) -> S:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
-
-    def _run(self) -> None:
-        try:
-            asyncio.run(self._main())
-        except BaseException as exc:  # reported to the starting thread
-            self._error = exc
-            self._ready.set()
-
-    async def _main(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._stop_event = asyncio.Event()
-        try:
-            await self.server.start()
-            self._ready.set()
-            await self._stop_event.wait()
-        finally:
-            await self.server.stop()
-
-
-async def run_until_signalled(server: AsyncServer, on_ready: Callable[[], None]) -> None:
-    """Start ``server``, call ``on_ready``, serve until SIGINT/SIGTERM, then stop cleanly."""
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    signals = (signal.SIGINT, signal.SIGTERM)
-    for sig in signals:
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        await server.start()
-        on_ready()
-        await stop.wait()
-    finally:
-        for sig in signals:
-            loop.remove_signal_handler(sig)
-        await server.stop()
-
-
-def write_file_atomically(path: str | os.PathLike[str], text: str) -> None:
-    """Write via rename so a process polling for the file never reads it half-written."""
-    tmp = f"{os.fspath(path)}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
-
-
-# --------------------------------------------------------------------------------------
 # The anti-bot site
 # --------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SiteRules:
-    """What one client IP may do on one site before it is banned there.
-
-    The defaults are strict on purpose: one request at a time per IP and site, and a
-    minimum gap between request starts, which is exactly the contract the proxy
-    leases are meant to enforce across crawler processes.
-    """
-
-    #: Seconds every response on a known site is held back, so concurrent use shows.
-    latency: float = 0.05
-    #: A request arriving while this many from the same IP are in flight is a violation.
-    max_concurrency: int = 1
-    #: A request starting sooner than this after the previous start is a violation.
-    min_interval: float = 0.2
-    #: How long a violation bans the (IP, site); another violation extends it.
-    ban_seconds: float = 5.0
-    #: Disguises used, in rotation, for responses served while banned.
-    ban_styles: tuple[str, ...] = BAN_STYLES
-    #: Client IPs this site has blacklisted already (a "burnt" proxy): always served a ban.
-    burnt_ips: frozenset[str] = frozenset()
-
-    def __post_init__(self) -> None:
-        styles = tuple(self.ban_styles)
-        object.__setattr__(self, "ban_styles", styles)
-        object.__setattr__(self, "burnt_ips", frozenset(self.burnt_ips))
-        if not styles or any(s not in BAN_STYLES for s in styles):
-            raise ValueError(f"ban_styles must be a non-empty subset of {BAN_STYLES}")
-        if self.max_concurrency < 1:
-            raise ValueError("max_concurrency must be >= 1")
-        if min(self.latency, self.min_interval, self.ban_seconds) < 0:
-            raise ValueError("latency, min_interval and ban_seconds must be >= 0")
-
-
-@dataclass
-class _ClientState:
-    """Per (client IP, site) bookkeeping; times are time.monotonic()."""
-
-    in_flight: int = 0
-    last_start: float | None = None
-    banned_until: float = 0.0
 
 
 @dataclass
@@ -495,9 +146,8 @@ class AntiBotSite:
         self._server: asyncio.AbstractServer | None = None
         self._log: IO[str] | None = None
         self._connections: set[asyncio.Task[Any]] = set()
-        self._clients: dict[tuple[str, str], _ClientState] = {}
+        self._antibot = AntiBot()
         self._flows: dict[tuple[str, str], str] = {}  # (site, flow_id) -> owning IP
-        self._ban_counter = 0
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -530,14 +180,7 @@ class AntiBotSite:
     async def stop(self) -> None:
         """Stop listening, drop open connections (cancelling in-flight requests), close log."""
         server, self._server = self._server, None
-        if server is not None:
-            server.close()
-        tasks = list(self._connections)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        if server is not None:
-            await server.wait_closed()
+        await close_server(server, self._connections)
         self._close_log()
 
     async def __aenter__(self) -> AntiBotSite:
@@ -638,22 +281,17 @@ class AntiBotSite:
             "ip_changed": None,
             "flow_done": None,
         }
-        state: _ClientState | None = None
+        verdict: Verdict | None = None
         latency = 0.0
         if site not in self.sites:
             reply = _Reply(404, f"unknown site {site!r}".encode(), "notfound", content_type="text/plain")
         else:
             rules = self.rules_for(site)
             latency = rules.latency
-            exempt = route in EXEMPT_PATHS
-            client = self._clients.setdefault((ip, site), _ClientState())
-            if not exempt:
-                state = client
-                entry["violation"] = self._check_rules(client, rules, now)
-                client.in_flight += 1
-            entry["banned"] = client.banned_until > now or ip in rules.burnt_ips
-            if entry["banned"] and not exempt:
-                reply = self._ban_reply(rules, client, now, path, entry)
+            verdict = self._antibot.admit(ip, site, rules, route, now)
+            entry.update(violation=verdict.violation, banned=verdict.banned, ban_style=verdict.ban_style)
+            if verdict.ban_style is not None:
+                reply = self._ban_reply(verdict.ban_style, verdict.retry_after, path)
             else:
                 reply = self._route(ip, site, route, path, entry)
 
@@ -663,9 +301,9 @@ class AntiBotSite:
                 await asyncio.sleep(latency)
             headers = [("Content-Type", reply.content_type), *reply.headers]
             body = reply.body
-            encoding = _pick_encoding(head.get("accept-encoding") or "") if self.compress and body else None
+            encoding = pick_encoding(head.get("accept-encoding") or "") if self.compress and body else None
             if encoding is not None:
-                body = _COMPRESSORS[encoding](body)
+                body = COMPRESSORS[encoding](body)
                 headers.append(("Content-Encoding", encoding))
             writer.write(
                 render_response(
@@ -684,34 +322,16 @@ class AntiBotSite:
             # Taking `end` and releasing the in-flight slot in one synchronous step keeps
             # the log's [start, end) intervals consistent with the concurrency verdicts.
             end = time.time()
-            if state is not None:
-                state.in_flight -= 1
+            if verdict is not None:
+                self._antibot.release(verdict)
             if not cancelled:
                 entry.update(end=end, status=reply.status, kind=reply.kind, bytes=len(reply.body))
                 self._record(entry)
         return keep_alive
 
     @staticmethod
-    def _check_rules(client: _ClientState, rules: SiteRules, now: float) -> str | None:
-        violation = None
-        if client.in_flight >= rules.max_concurrency:
-            violation = "concurrency"
-        elif client.last_start is not None and now - client.last_start < rules.min_interval:
-            violation = "rate"
-        client.last_start = now
-        if violation is not None:
-            client.banned_until = max(client.banned_until, now + rules.ban_seconds)
-        return violation
-
-    def _ban_reply(
-        self, rules: SiteRules, client: _ClientState, now: float, path: str, entry: dict[str, Any]
-    ) -> _Reply:
-        # One site-wide counter: deterministic for a given request order, and it spreads
-        # the disguises over different clients so every detector gets exercised.
-        style = rules.ban_styles[self._ban_counter % len(rules.ban_styles)]
-        self._ban_counter += 1
-        entry["ban_style"] = style
-        retry_after = [("Retry-After", str(max(1, math.ceil(client.banned_until - now))))]
+    def _ban_reply(style: str, retry_seconds: int, path: str) -> _Reply:
+        retry_after = [("Retry-After", str(retry_seconds))]
         if style == "429":
             return _Reply(429, b"Too Many Requests", "ban", retry_after, "text/plain")
         if style == "403":
