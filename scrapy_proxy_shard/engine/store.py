@@ -18,7 +18,7 @@ import random
 import secrets
 from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import redis
 import redis.asyncio
@@ -27,7 +27,7 @@ from scrapy_proxy_shard.engine import schema as keys
 from scrapy_proxy_shard.engine.bans import BanOptions
 from scrapy_proxy_shard.engine.proxies import Proxy, make_proxy, mask, parse_proxy, proxy_id
 from scrapy_proxy_shard.engine.scripts import register_all
-from scrapy_proxy_shard.exceptions import PoolBackendError, UnknownPoolError
+from scrapy_proxy_shard.exceptions import PoolBackendError, PoolUnreachable, UnknownPoolError
 
 #: Lease calls in doubt kept at most (each is a slot that frees itself at its lease TTL anyway).
 MAX_IN_DOUBT = 10_000
@@ -662,7 +662,7 @@ class _StoreBase:
 
     def _backend_error(self, exc: Exception) -> PoolBackendError:
         if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
-            return PoolBackendError(f"cannot reach Redis at {self._where}: {exc}")
+            return PoolUnreachable(f"cannot reach Redis at {self._where}: {exc}")
         return PoolBackendError(f"Redis at {self._where} answered with an error: {exc}")
 
 
@@ -691,8 +691,91 @@ class PoolStore(_StoreBase):
         return self.client.execute_command(*request.args)
 
 
-class AsyncPoolStore(_StoreBase):
-    """asyncio store (redis.asyncio): what the Scrapy middlewares use."""
+@runtime_checkable
+class PoolBackend(Protocol):
+    """What the crawl (runtime, health monitor) calls on a store: the one interface both the plain
+    ``AsyncPoolStore`` and the outage-surviving ``modes.fallback.FallbackPoolStore`` implement.
+
+    Declared, not probed: the runtime calls exactly these, so a store that lacks one fails at
+    definition (``tests/test_engine_contract.py`` checks both against this list, signatures included)
+    rather than at the first outage. Every method is awaited; connection problems raise
+    ``PoolUnreachable``, error replies ``PoolBackendError``.
+    """
+
+    host_id: str
+
+    @property
+    def where(self) -> str:
+        """Where the shared pool lives, for messages (a Redis URL, password masked)."""
+        ...
+
+    @property
+    def redis_client(self) -> Any:
+        """The client of the shared Redis (the eviction-policy check at start reads its CONFIG)."""
+        ...
+
+    @property
+    def fallback_state(self) -> str | None:
+        """None: no local fallback. Else ``redis``, ``fallback`` (local slice) or ``grace``."""
+        ...
+
+    def snapshot_proxies(self, pool: str) -> list[Proxy]:
+        """The proxies of ``pool`` as last seen in Redis by this process ([] when it keeps no copy)."""
+        ...
+
+    async def start_offline(self, reason: BaseException) -> None: ...
+
+    async def ping(self) -> bool: ...
+
+    async def add_proxies(self, pool: str, proxies: Iterable[Proxy | str]) -> AddResult: ...
+
+    async def restore_pool(self, pool: str, proxies: Iterable[Proxy | str], *, warmup: float = 0.0) -> int: ...
+
+    async def pool_size(self, pool: str) -> int: ...
+
+    async def lease(self, pool: str, site: str, *, ttl: float, concurrency: int = 1,
+                    session_id: str | None = None, session_ttl: float = 600.0) -> Lease | LeaseWait: ...
+
+    async def wait_for_release(self, pool: str, site: str, timeout: float) -> bool: ...
+
+    async def release(self, lease: Lease, *, outcome: str = "ok", latency: float | None = None,
+                      min_interval: float = 0.0, reason: str | None = None,
+                      session_ttl: float = 600.0, ban_ttl: float | None = None) -> ReleaseResult: ...
+
+    async def end_session(self, pool: str, site: str, session_id: str, *, min_interval: float = 0.0) -> bool: ...
+
+    async def pools(self) -> list[str]: ...
+
+    async def heartbeat(self, pool: str, *, ttl: float, info: dict[str, Any] | None = None, always: bool = True,
+                        bucket: float = 60.0, keep: float = 3600.0) -> Beat | None: ...
+
+    async def leave(self, pool: str) -> bool: ...
+
+    async def aclose(self) -> None: ...
+
+
+class AsyncPoolStore(_StoreBase, PoolBackend):
+    """asyncio store (redis.asyncio): what the Scrapy middlewares use. Implements ``PoolBackend``
+    (its methods come from ``_StoreBase``: each returns the coroutine ``_drive`` makes)."""
+
+    @property
+    def where(self) -> str:
+        return self._where
+
+    @property
+    def redis_client(self) -> Any:
+        return self.client
+
+    @property
+    def fallback_state(self) -> str | None:
+        return None
+
+    def snapshot_proxies(self, pool: str) -> list[Proxy]:
+        return []
+
+    async def start_offline(self, reason: BaseException) -> None:
+        """A store without a local fallback cannot run while Redis is down: raises ``reason``."""
+        raise reason
 
     async def _drive(self, plan: Plan, *, settle: bool = True) -> Any:
         if settle and self._in_doubt:
