@@ -123,12 +123,12 @@ def test_outage_switches_to_disjoint_local_slices_and_back():
             admin = PoolStore(redis.Redis.from_url(server.url, decode_responses=True))
             assert admin.pool_size("default") == len(PROXIES)  # restored from the snapshot
             assert banned in {b.proxy_id for b in admin.bans("default")}  # the learned ban was written
-            state = admin.site_state("default", "a.example")
+            state = admin.pool_status("default", "a.example")
             assert state.held >= len(all_ids) - 1  # local leases in flight were adopted into Redis
             for store in stores:
                 for lease in list(store._local_leases.values()):
                     await store.release(lease)
-            assert admin.site_state("default", "a.example").held == 0
+            assert admin.pool_status("default", "a.example").held == 0
             await asyncio.sleep(0.35)  # grace over
             lease = await stores[1].lease("default", "a.example", ttl=30)
             assert stores[1].state == "redis" and isinstance(lease, Lease)

@@ -62,10 +62,6 @@ def pools_registry(namespace: str) -> str:
     return f"{namespace}:pools"
 
 
-def lease_key(prefix: str, site: str, member: str) -> str:
-    return f"{prefix}:lease:{site}:{member}"
-
-
 def session_key(prefix: str, site: str, session_id: str) -> str:
     return f"{prefix}:session:{site}:{session_id}"
 

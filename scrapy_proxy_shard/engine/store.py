@@ -42,7 +42,7 @@ REASON_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789_-:.")
 
 @dataclass(frozen=True)
 class Lease:
-    """A held proxy slot. Present ``token`` to release or renew it; the URL holds credentials."""
+    """A held proxy slot. Present ``token`` to release it; the URL holds credentials."""
 
     pool: str
     site: str
@@ -102,15 +102,6 @@ class AddResult:
 
 
 @dataclass(frozen=True)
-class SiteState:
-    slots: int
-    free: int
-    held: int
-    blocked: int
-    next_free_in: float
-
-
-@dataclass(frozen=True)
 class BanRecord:
     proxy_id: str
     scope: str  # a site key, or "*" for proxy-wide
@@ -164,6 +155,11 @@ class SiteStatus:
     next_free_in: float
     held_by_host: dict[str, int]
     busy: tuple[BusySlot, ...] = ()
+
+    @property
+    def held(self) -> int:
+        """Slots a request or a sticky session holds now (a lease key exists), by every host."""
+        return sum(self.held_by_host.values())
 
 
 @dataclass(frozen=True)
@@ -313,17 +309,6 @@ class _StoreBase:
         return ReleaseResult(reply[0].lower(), int(reply[1]) / 1000,
                              until / 1000 if until else None, int(reply[3]))
 
-    def renew(self, lease: Lease, ttl: float, *, session_ttl: float = 600.0):
-        """Extend a held lease by ``ttl`` from now; returns the new expiry, or None if lost."""
-        return self._drive(self._renew(lease, ttl, session_ttl))
-
-    def _renew(self, lease, ttl, session_ttl) -> Plan:
-        reply = yield _Script("renew", (self.prefix(lease.pool),), (
-            lease.site, lease.member, lease.token, _ms(ttl), lease.session_id or "",
-            _ms(session_ttl),
-        ))
-        return int(reply[1]) / 1000 if reply[0] == "OK" else None
-
     def hold(self, pool: str, site: str, member: str, *, ttl: float, concurrency: int = 1):
         """Take the named slot if it is free (adopting a lease made while Redis was unreachable).
 
@@ -365,7 +350,7 @@ class _StoreBase:
             site or "*", pid, _reason(reason), *self._ban_args(site is None, ttl),
         ))
         if reply[0] == "UNKNOWN":
-            raise UnknownPoolError(f"pool {pool!r} has no proxy {_shown(proxy)!r}")
+            raise UnknownPoolError(f"pool {pool!r} has no proxy {mask(str(proxy))!r}")
         return BanResult(int(reply[1]) / 1000, int(reply[2]), bool(int(reply[3])))
 
     def unban(self, pool: str, proxy: str, *, site: str | None = None):
@@ -468,17 +453,6 @@ class _StoreBase:
     def _pools(self) -> Plan:
         names = yield _Command(("SMEMBERS", keys.pools_registry(self.namespace)))
         return sorted(names or ())
-
-    def site_state(self, pool: str, site: str):
-        """Slots of a site now: free, held, blocked (cooling or quarantined). O(N): not for hot paths."""
-        return self._drive(self._site_state(pool, site))
-
-    def _site_state(self, pool, site) -> Plan:
-        reply = yield _Script("site_state", (self.prefix(pool),), (site,))
-        if reply[0] != "OK":
-            return None
-        slots, free, held, blocked, nxt = (int(x) for x in reply[1:6])
-        return SiteState(slots, free, held, blocked, nxt / 1000)
 
     def bans(self, pool: str):
         """Every quarantine entry (running or remembered for escalation), soonest end first."""
@@ -838,10 +812,6 @@ def _as_id(proxy: str) -> str:
     if len(text) == 16 and all(c in "0123456789abcdef" for c in text):
         return text
     return proxy_id(parse_proxy(text))
-
-
-def _shown(proxy: Any) -> str:
-    return mask(str(proxy))
 
 
 def _decode(value: Any) -> Any:
