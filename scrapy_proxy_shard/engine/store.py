@@ -172,7 +172,7 @@ class Beat:
     leases: int
     ok: int
     errors: int
-    bans: int
+    bans: int  # responses judged a ban (the ``banned`` counter)
     sites: dict[str, tuple[int, int]]  # site -> (slots, free)
 
 
@@ -188,7 +188,7 @@ class HostRecord:
     leases: int
     ok: int
     errors: int
-    bans: int
+    bans: int  # responses judged a ban (the ``banned`` counter)
     load: dict[float, int]  # minute start -> leases taken in that minute
 
 
@@ -426,9 +426,9 @@ class _StoreBase:
 
     def _list(self, pool) -> Plan:
         prefix = self.prefix(pool)
-        urls = yield _Command(("HGETALL", keys.sub_key(prefix, "proxies")))
-        tags = yield _Command(("HGETALL", keys.sub_key(prefix, "tags")))
-        stats = yield _Command(("HGETALL", keys.sub_key(prefix, "pstats")))
+        urls = yield _Command(("HGETALL", keys.sub_key(prefix, keys.PROXIES)))
+        tags = yield _Command(("HGETALL", keys.sub_key(prefix, keys.TAGS)))
+        stats = yield _Command(("HGETALL", keys.sub_key(prefix, keys.PSTATS)))
         per_proxy: dict[str, dict[str, float]] = {}
         for name, value in (stats or {}).items():
             pid, _, counter = name.rpartition(":")
@@ -443,7 +443,7 @@ class _StoreBase:
         return self._drive(self._pool_size(pool))
 
     def _pool_size(self, pool) -> Plan:
-        size = yield _Command(("HLEN", keys.sub_key(self.prefix(pool), "proxies")))
+        size = yield _Command(("HLEN", keys.sub_key(self.prefix(pool), keys.PROXIES)))
         return int(size or 0)
 
     def pools(self):
@@ -459,7 +459,7 @@ class _StoreBase:
         return self._drive(self._bans(pool))
 
     def _bans(self, pool) -> Plan:
-        raw = yield _Command(("HGETALL", keys.sub_key(self.prefix(pool), "bans")))
+        raw = yield _Command(("HGETALL", keys.sub_key(self.prefix(pool), keys.BANS)))
         records = []
         for name, value in (raw or {}).items():
             scope, _, pid = name.rpartition("|")
@@ -467,12 +467,12 @@ class _StoreBase:
             records.append(BanRecord(pid, scope, int(until) / 1000, int(strikes), reason, int(since) / 1000))
         return sorted(records, key=lambda r: r.until)
 
-    def counters(self, pool: str, which: str = "counters"):
-        """A counter hash of the pool: ``counters``, ``pstats``, ``hstats`` or ``sstats``."""
+    def counters(self, pool: str, which: str = keys.COUNTERS):
+        """A counter hash of the pool: one of ``schema.COUNTER_HASHES``; fields in ``schema``."""
         return self._drive(self._counters(pool, which))
 
     def _counters(self, pool, which) -> Plan:
-        if which not in ("counters", "pstats", "hstats", "sstats"):
+        if which not in keys.COUNTER_HASHES:
             raise ValueError(f"unknown counter hash {which!r}")
         raw = yield _Command(("HGETALL", keys.sub_key(self.prefix(pool), which)))
         return {k: float(v) for k, v in (raw or {}).items()}
@@ -482,7 +482,7 @@ class _StoreBase:
         return self._drive(self._session_proxy(pool, site, session_id))
 
     def _session_proxy(self, pool, site, session_id) -> Plan:
-        pid = yield _Command(("HGET", keys.session_key(self.prefix(pool), site, session_id), "p"))
+        pid = yield _Command(("HGET", keys.session_key(self.prefix(pool), site, session_id), keys.SESSION_PROXY))
         return pid or None
 
     def ping(self):
@@ -556,7 +556,7 @@ class _StoreBase:
         return self._drive(self._sites(pool))
 
     def _sites(self, pool) -> Plan:
-        raw = yield _Command(("HGETALL", keys.sub_key(self.prefix(pool), "sites")))
+        raw = yield _Command(("HGETALL", keys.sub_key(self.prefix(pool), keys.SITES)))
         return {site: int(c) for site, c in sorted((raw or {}).items())}
 
     def pool_status(self, pool: str, site: str, *, detail: bool = False, chunk: int = 256):
@@ -608,7 +608,7 @@ class _StoreBase:
     def _proxy_urls(self, pool, ids) -> Plan:
         if not ids:
             return {}
-        urls = yield _Command(("HMGET", keys.sub_key(self.prefix(pool), "proxies"), *ids))
+        urls = yield _Command(("HMGET", keys.sub_key(self.prefix(pool), keys.PROXIES), *ids))
         return dict(zip(ids, urls or [None] * len(ids), strict=True))
 
     def server_time(self):
