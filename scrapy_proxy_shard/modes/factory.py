@@ -21,7 +21,7 @@ from scrapy_proxy_shard.engine.store import AsyncPoolStore, PoolBackend
 from scrapy_proxy_shard.exceptions import SettingError
 from scrapy_proxy_shard.modes.connection import async_client
 from scrapy_proxy_shard.modes.fallback import FallbackPoolStore
-from scrapy_proxy_shard.modes.pools import embedded_client, settled_counter, store_kwargs
+from scrapy_proxy_shard.modes.pools import embedded_store, settled_counter, store_kwargs
 from scrapy_proxy_shard.settings import ShardSettings
 
 logger = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ def build_store(settings: ShardSettings, stats: Any = None, *, client: Any = Non
     if settings.mode in ("embedded", "static"):
         if settings.mode == "static" and not settings.hosts:
             raise SettingError("PROXY_SHARD_MODE 'static' needs PROXY_SHARD_HOSTS (every host id, in any order)")
-        return AsyncPoolStore(embedded_client(), **store_kwargs(settings))
+        return embedded_store(settings)
     where = settings.redis_url or "sentinel://{}/{}".format(
         ",".join(f"{h}:{p}" for h, p in settings.redis_sentinels), settings.redis_sentinel_master)
     primary = AsyncPoolStore(async_client(settings), url_for_errors=where, on_settled=settled_counter(stats),

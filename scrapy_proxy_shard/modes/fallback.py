@@ -39,7 +39,7 @@ from scrapy_proxy_shard.engine.store import (
     ReleaseResult,
 )
 from scrapy_proxy_shard.exceptions import PoolBackendError, PoolUnreachable, ProxyShardError
-from scrapy_proxy_shard.modes.pools import embedded_client, initial_proxies, store_kwargs
+from scrapy_proxy_shard.modes.pools import embedded_store, initial_proxies
 from scrapy_proxy_shard.modes.sharding import slice_for
 from scrapy_proxy_shard.settings import ShardSettings
 
@@ -292,7 +292,7 @@ class FallbackPoolStore(PoolBackend):
 
     def _ensure_local(self) -> AsyncPoolStore:
         if self.local is None:
-            self.local = AsyncPoolStore(embedded_client(), **store_kwargs(self.settings))
+            self.local = embedded_store(self.settings)
         return self.local
 
     def _probe_limit(self) -> float:
