@@ -591,7 +591,7 @@ def leases_held(redis_url: str) -> int:
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     try:
         store = PoolStore(client, namespace="benchb", host_id="bench-loader")
-        return sum(state.held for state in (store.site_state("default", s) for s in SITES) if state)
+        return sum(state.held for state in (store.pool_status("default", s) for s in SITES) if state)
     finally:
         client.close()
 

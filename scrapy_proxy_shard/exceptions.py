@@ -6,8 +6,9 @@ The tree::
     ├── ProxyURLError (ValueError)   a proxy entry is malformed (names the entry, masked)
     ├── SettingError (ValueError)    a PROXY_SHARD_* setting has a bad value (names setting and value)
     ├── UnknownPoolError (KeyError)  the pool does not exist or holds no proxies
-    ├── PoolBackendError             Redis cannot be reached or answered with an error
-    │                                (names the Redis URL with its password masked)
+    ├── PoolBackendError             Redis answered with an error (names the Redis URL, password masked)
+    │   └── PoolUnreachable          Redis cannot be reached: connection refused or lost, timeout
+    │                                (the fallback store switches to its local slice on this one only)
     ├── NoProxyAvailable             no proxy became free within the wait limit
     ├── InvalidSessionId (IgnoreRequest) meta['session_id'] is not a usable session id (that request
     │                                fails to its errback; it never shares a session by accident)
@@ -43,6 +44,14 @@ class UnknownPoolError(ProxyShardError, KeyError):
 
 class PoolBackendError(ProxyShardError):
     """Redis is unreachable or returned an error for a pool operation."""
+
+
+class PoolUnreachable(PoolBackendError):
+    """Redis could not be reached (connection refused or lost, timeout): an outage, not a refusal.
+
+    A type of its own so the fallback store tells an outage (switch to the local slice) from an error
+    reply (a bug or a misconfiguration: raise it) without reading messages.
+    """
 
 
 class NoProxyAvailable(ProxyShardError):

@@ -151,24 +151,6 @@ def test_release_of_expired_unclaimed_lease_reports_expired(store, clock):
     assert store.counters(POOL)["expired"] == 1
 
 
-def test_renew_keeps_a_long_download_leased(store, clock):
-    store.add_proxies(POOL, URLS[:1])
-    lease = lease_ok(store, ttl=0.3)
-    new_expiry = store.renew(lease, 5)
-    assert new_expiry is not None and new_expiry > lease.expires_at
-    clock.sleep(0.35)
-    assert isinstance(store.lease(POOL, "a.example", ttl=5), LeaseWait)
-    assert store.release(lease).status == "ok"
-
-
-def test_renew_of_lost_lease_returns_none(store, clock):
-    store.add_proxies(POOL, URLS[:1])
-    lease = lease_ok(store, ttl=0.1)
-    clock.sleep(0.15)
-    lease_ok(store)
-    assert store.renew(lease, 5) is None
-
-
 def test_ban_quarantines_on_that_site_only_and_expires_by_itself(store, clock):
     store.add_proxies(POOL, URLS[:1])
     lease = lease_ok(store)
@@ -413,7 +395,7 @@ def test_a_large_pool_is_built_per_site_in_pages_yet_every_proxy_is_leasable(sto
     while isinstance(result := store.lease(POOL, "big.example", ttl=30), Lease):
         seen.add(result.proxy_id)
     assert len(seen) == 2300 and result.reason == "held"
-    assert store.site_state(POOL, "big.example").slots == 2300
+    assert store.pool_status(POOL, "big.example").slots == 2300
 
 
 def test_releases_write_no_wake_up_when_nobody_waits(store, backend):

@@ -77,7 +77,7 @@ def test_eight_processes_never_exceed_the_per_site_limit(kind, request):
     assert sum(r[2] for r in results) > 0, "the pool was never contended: the test proved nothing"
     store = PoolStore(real_redis, namespace="t")
     for site, concurrency in SITES.items():
-        state = store.site_state(POOL, site)
+        state = store.pool_status(POOL, site)
         assert (state.slots, state.free, state.held) == (3 * concurrency, 3 * concurrency, 0)
 
 

@@ -383,7 +383,7 @@ def test_the_highest_allowed_concurrency_builds_a_site(store):
     lease = leased(store.lease(POOL, "a.example", ttl=5, concurrency=1000))
     for _ in range(3):  # each call adds one more page (one proxy = 1000 slots here) while building
         leased(store.lease(POOL, "a.example", ttl=5, concurrency=1000))
-    assert store.site_state(POOL, "a.example").slots == 3000
+    assert store.pool_status(POOL, "a.example").slots == 3000
     assert lease.proxy_url in URLS
 
 

@@ -58,7 +58,7 @@ def test_a_lease_released_while_it_is_being_adopted_is_not_left_held_in_redis(re
             while store.state == "fallback":
                 await asyncio.sleep(0.05)
             admin = PoolStore(redis.Redis.from_url(server.url, decode_responses=True))
-            held = admin.site_state("default", "a.example").held
+            held = admin.pool_status("default", "a.example").held
             await store.aclose()
             return held
 

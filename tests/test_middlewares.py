@@ -112,7 +112,7 @@ def test_response_releases_and_next_request_rotates():
 
     seen = run(scenario())
     assert len(set(seen[:3])) == 3 and seen[:3] == seen[3:]
-    state = h.admin.site_state("default", "shop.example")
+    state = h.admin.pool_status("default", "shop.example")
     assert (state.free, state.held) == (3, 0)
     assert h.stat("release/ok") == 6
 
@@ -215,7 +215,7 @@ def test_ban_status_quarantines_and_retries_through_another_proxy(status):
     assert h.stat(f"bans/reason/http_{status}") == 2
     assert h.stat("ban_retries/count") == 1 and h.stat("ban_retries/max_reached") == 1
     assert h.stat(f"ban_retries/reason_count/http_{status}") == 1
-    assert h.admin.site_state("default", "shop.example").held == 0
+    assert h.admin.pool_status("default", "shop.example").held == 0
 
 
 def test_gzip_stub_page_missing_required_css_is_a_ban():
@@ -383,7 +383,7 @@ def test_spider_closed_releases_what_is_left():
         await h.runtime.spider_closed(h.spider, "finished")
 
     run(scenario())
-    assert h.admin.site_state("default", "shop.example").held == 0
+    assert h.admin.pool_status("default", "shop.example").held == 0
     assert h.stat("released_at_close") == 3
 
 

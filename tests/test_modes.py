@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 
+import fakeredis
 import pytest
 import redis
+import redis.asyncio
 from scrapy import Request, Spider
 from scrapy.utils.misc import build_from_crawler
 from scrapy.utils.test import get_crawler
 
 from scrapy_proxy_shard.demo.redis_server import RedisServer
-from scrapy_proxy_shard.engine.store import AsyncPoolStore, Lease, PoolStore
-from scrapy_proxy_shard.exceptions import SettingError
+from scrapy_proxy_shard.engine.store import AsyncPoolStore, Lease, PoolBackend, PoolStore
+from scrapy_proxy_shard.exceptions import PoolBackendError, PoolUnreachable, SettingError
 from scrapy_proxy_shard.middlewares import ProxyShardMiddleware
+from scrapy_proxy_shard.modes.factory import build_store
 from scrapy_proxy_shard.modes.fallback import FallbackPoolStore
 from scrapy_proxy_shard.modes.pools import initial_proxies
 from scrapy_proxy_shard.settings import ShardSettings
@@ -119,12 +123,12 @@ def test_outage_switches_to_disjoint_local_slices_and_back():
             admin = PoolStore(redis.Redis.from_url(server.url, decode_responses=True))
             assert admin.pool_size("default") == len(PROXIES)  # restored from the snapshot
             assert banned in {b.proxy_id for b in admin.bans("default")}  # the learned ban was written
-            state = admin.site_state("default", "a.example")
+            state = admin.pool_status("default", "a.example")
             assert state.held >= len(all_ids) - 1  # local leases in flight were adopted into Redis
             for store in stores:
                 for lease in list(store._local_leases.values()):
                     await store.release(lease)
-            assert admin.site_state("default", "a.example").held == 0
+            assert admin.pool_status("default", "a.example").held == 0
             await asyncio.sleep(0.35)  # grace over
             lease = await stores[1].lease("default", "a.example", ttl=30)
             assert stores[1].state == "redis" and isinstance(lease, Lease)
@@ -186,3 +190,60 @@ def test_redis_down_at_start_can_start_in_fallback():
 
     asyncio.run(scenario())
     assert crawler.stats.get_value("proxy_shard/fallback/entered") == 1
+
+
+# --- the declared store interface --------------------------------------------------------------------
+
+def _interface() -> list[str]:
+    """Every method and property PoolBackend declares (what the runtime may call)."""
+    return sorted(name for name, value in vars(PoolBackend).items()
+                  if not name.startswith("_") and (callable(value) or isinstance(value, property)))
+
+
+def _stores() -> list:
+    redis_settings = ShardSettings.from_settings({"PROXY_SHARD_REDIS_URL": "redis://127.0.0.1:1/0"})
+    return [build_store(ShardSettings.from_settings({})), build_store(redis_settings),
+            build_store(redis_settings, client=fakeredis.FakeAsyncRedis(decode_responses=True))]
+
+
+def test_every_store_the_factory_builds_implements_the_declared_interface():
+    built = _stores()
+    assert [type(s) for s in built] == [AsyncPoolStore, FallbackPoolStore, AsyncPoolStore]
+    assert {"lease", "release", "start_offline", "snapshot_proxies", "fallback_state", "heartbeat"} <= set(_interface())
+    for store in built:
+        assert isinstance(store, PoolBackend)
+
+
+@pytest.mark.parametrize("cls", [AsyncPoolStore, FallbackPoolStore])
+def test_each_store_writes_out_every_method_with_the_declared_signature(cls):
+    """Explicit implementations, no forwarding: a method inherited from the Protocol's ``...`` body, or a
+    parameter renamed, reordered or given another default, fails here rather than at the first outage."""
+    assert "__getattr__" not in vars(cls)
+    for name in _interface():
+        declared, actual = inspect.getattr_static(PoolBackend, name), inspect.getattr_static(cls, name)
+        assert actual is not declared, f"{cls.__name__}.{name} is not implemented"
+        if isinstance(declared, property):
+            assert isinstance(actual, property), f"{cls.__name__}.{name} must be a property"
+            continue
+        want, got = inspect.signature(declared), inspect.signature(actual)
+        assert [(p.name, p.kind, p.default) for p in got.parameters.values()] == \
+            [(p.name, p.kind, p.default) for p in want.parameters.values()], f"{cls.__name__}.{name}{got}"
+
+
+def test_a_store_without_fallback_reports_none_and_cannot_start_offline():
+    store = build_store(ShardSettings.from_settings({}))
+    assert store.fallback_state is None and store.snapshot_proxies("default") == []
+    down = PoolUnreachable("cannot reach Redis at redis://127.0.0.1:1/0")
+    with pytest.raises(PoolUnreachable):
+        asyncio.run(store.start_offline(down))
+
+
+def test_an_unreachable_redis_raises_the_typed_outage_and_an_error_reply_does_not():
+    store = AsyncPoolStore(redis.asyncio.Redis.from_url("redis://127.0.0.1:1/0", socket_connect_timeout=1))
+    with pytest.raises(PoolUnreachable, match=r"cannot reach Redis at redis://127\.0\.0\.1:1/0"):
+        asyncio.run(store.ping())
+    broken = PoolStore(fakeredis.FakeRedis(decode_responses=True))
+    broken.client.set("{proxy_shard:default}:proxies", "not a hash")
+    with pytest.raises(PoolBackendError, match="answered with an error") as caught:
+        broken.pool_size("default")
+    assert not isinstance(caught.value, PoolUnreachable)

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from scrapy_proxy_shard.crawl.logstats import PoolLogStats
-from scrapy_proxy_shard.engine.store import Beat
+from scrapy_proxy_shard.engine.store import Beat, PoolBackend
 from scrapy_proxy_shard.exceptions import ProxyShardError
 from scrapy_proxy_shard.settings import ShardSettings
 
@@ -47,7 +47,7 @@ def host_info(spider_name: str | None) -> dict[str, Any]:
 class HostMonitor:
     """Heartbeats for every pool this process uses, plus the periodic pool log line."""
 
-    def __init__(self, store: Any, settings: ShardSettings, *, pools: Iterable[str], stats: Any = None,
+    def __init__(self, store: PoolBackend, settings: ShardSettings, *, pools: Iterable[str], stats: Any = None,
                  spider_name: str | None = None, clock: Callable[[], float] | None = None) -> None:
         self.store = store
         self.settings = settings

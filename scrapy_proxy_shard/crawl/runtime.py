@@ -22,7 +22,7 @@ from scrapy_proxy_shard.crawl.health import HostMonitor
 from scrapy_proxy_shard.crawl.startup import StartupGate, check_eviction
 from scrapy_proxy_shard.engine.schema import check_name
 from scrapy_proxy_shard.engine.sites import SiteMap, site_of_request
-from scrapy_proxy_shard.engine.store import AsyncPoolStore, Lease, LeaseWait, ReleaseResult
+from scrapy_proxy_shard.engine.store import Lease, LeaseWait, PoolBackend, ReleaseResult
 from scrapy_proxy_shard.exceptions import (
     NoProxyAvailable,
     PoolBackendError,
@@ -32,7 +32,7 @@ from scrapy_proxy_shard.exceptions import (
 )
 from scrapy_proxy_shard.modes.factory import build_store
 from scrapy_proxy_shard.modes.fallback import replay_bans
-from scrapy_proxy_shard.modes.pools import initial_proxies, platform_of, platform_pool, settled_counter
+from scrapy_proxy_shard.modes.pools import initial_proxies, platform_of, platform_pool
 from scrapy_proxy_shard.settings import MAX_LEASE_TTL, ShardSettings
 
 logger = logging.getLogger(__name__)
@@ -103,13 +103,13 @@ class ShardRuntime:
     ATTRIBUTE = "_proxy_shard_runtime"
 
     def __init__(self, crawler: Any, settings: ShardSettings,
-                 store_factory: Callable[[], AsyncPoolStore] | None = None) -> None:
+                 store_factory: Callable[[], PoolBackend] | None = None) -> None:
         self.crawler = crawler
         self.settings = settings
         self.stats = crawler.stats
         self.sites = SiteMap(settings.site_groups)
         self._store_factory = store_factory or self._default_store
-        self._store: AsyncPoolStore | None = None
+        self._store: PoolBackend | None = None
         self._inflight: weakref.WeakKeyDictionary[Request, _InFlight] = weakref.WeakKeyDictionary()
         #: Requests the lease middleware left alone (opt-out, user's own meta['proxy']): the guard lets them by.
         self.left_alone: weakref.WeakSet[Request] = weakref.WeakSet()
@@ -135,12 +135,12 @@ class ShardRuntime:
 
     # --- lifecycle -----------------------------------------------------------------------------
     @property
-    def store(self) -> AsyncPoolStore:
+    def store(self) -> PoolBackend:
         if self._store is None:
             self._store = self._store_factory()
         return self._store
 
-    def _default_store(self) -> AsyncPoolStore:
+    def _default_store(self) -> PoolBackend:
         return build_store(self.settings, stats=self.stats)
 
     async def spider_opened(self, spider: Any) -> None:
@@ -207,17 +207,15 @@ class ShardRuntime:
     async def _check_eviction(self) -> None:
         """Redis mode: refuse or warn when Redis may evict the pool's keys (startup.check_eviction)."""
         mode = self.settings.redis_eviction
-        store = getattr(self.store, "primary", self.store)
-        if self.settings.mode != "redis" or getattr(self.store, "state", "redis") != "redis":
+        if self.settings.mode != "redis" or self.store.fallback_state not in (None, "redis"):
             return
-        await check_eviction(store.client, store._where, mode)
+        await check_eviction(self.store.redis_client, self.store.where, mode)
 
     def _log_engine(self, sizes: dict[str, int]) -> None:
         """One line: which engine runs, where (masked), for whom, and the pools (item 10)."""
         s = self.settings
         if s.mode == "redis":
-            state = getattr(self.store, "state", None)
-            where = getattr(getattr(self.store, "primary", self.store), "_where", "?")
+            state, where = self.store.fallback_state, self.store.where
             engine = f"redis at {where}" + (f" (fallback: {state})" if state and state != "redis" else
                                             " (local fallback on)" if s.fallback else " (no fallback)")
         elif s.mode == "static":
@@ -240,11 +238,10 @@ class ShardRuntime:
         try:
             await self.store.ping()
         except PoolBackendError as exc:
-            start_offline = getattr(self.store, "start_offline", None)
-            if self.settings.redis_down_at_start != "fallback" or start_offline is None:
+            if self.settings.redis_down_at_start != "fallback" or self.store.fallback_state is None:
                 raise
             logger.warning("proxy_shard: %(e)s: starting in fallback (PROXY_SHARD_REDIS_DOWN_AT_START)", {"e": exc})
-            await start_offline(exc)
+            await self.store.start_offline(exc)
 
     async def spider_closed(self, spider: Any = None, reason: str | None = None) -> None:
         """Give back every lease still held, then close the Redis connection."""
@@ -406,8 +403,7 @@ class ShardRuntime:
 
         Returns True when the pool holds proxies again (restored here or by another host just now).
         """
-        kept = getattr(self.store, "snapshot", None)
-        snapshot = kept.proxies.get(pool) if kept is not None else None
+        snapshot = self.store.snapshot_proxies(pool)
         proxies = snapshot or initial_proxies(self.settings).get(pool)
         if not proxies:
             return False
@@ -416,7 +412,7 @@ class ShardRuntime:
         except PoolBackendError:
             return False
         if restored:
-            bans = await replay_bans(self.store, pool, kept.bans.get(pool, ())) if snapshot else 0
+            bans = await replay_bans(self.store, pool, self.store.snapshot_bans(pool)) if snapshot else 0
             self.stats.inc_value(f"{STATS}/pool_restored")
             logger.warning(
                 "proxy_shard: pool %(pool)r was lost by Redis (flushed, restarted empty or failed over); "
@@ -558,16 +554,15 @@ class ShardRuntime:
         return result
 
 
-def _injected_store_factory(crawler: Any, settings: ShardSettings) -> Callable[[], AsyncPoolStore] | None:
+def _injected_store_factory(crawler: Any, settings: ShardSettings) -> Callable[[], PoolBackend] | None:
     """``PROXY_SHARD_REDIS_CLIENT``: an asyncio Redis client (or a callable making one) to use instead of
     ``PROXY_SHARD_REDIS_URL``: for Redis Cluster/Sentinel clients built by hand, and fakeredis in tests."""
     client = settings.redis_client
     if client is None:
         return None
 
-    def factory() -> AsyncPoolStore:
+    def factory() -> PoolBackend:
         made = client() if callable(client) and not hasattr(client, "execute_command") else client
-        return AsyncPoolStore(made, namespace=settings.namespace, host_id=settings.host_id, bans=settings.bans,
-                              ewma_alpha=settings.latency_ewma_alpha, on_settled=settled_counter(crawler.stats))
+        return build_store(settings, stats=crawler.stats, client=made)
 
     return factory

@@ -1,8 +1,12 @@
-"""Every Redis key name the project uses is built here.
+"""Every Redis key name and counter field the project uses is named here.
 
 All keys of one pool share the hash tag ``{namespace:pool}`` so every script touches one Redis
-Cluster slot; the Lua scripts derive the per-pool keys from that prefix (see ``lua/_lib.lua``).
-Keys never contain proxy URLs: proxies are named by their short id.
+Cluster slot; the Lua scripts derive the per-pool keys from that prefix (see ``lua/_lib.lua`` for
+what each key holds). Keys never contain proxy URLs: proxies are named by their short id.
+
+The Lua scripts spell the same names as literals (a script is one self-contained source Redis
+caches by SHA); ``tests/test_schema.py`` parses ``lua/`` and fails when a key suffix or counter
+field written there is not one of the constants below, or a constant is written nowhere.
 """
 
 from __future__ import annotations
@@ -10,6 +14,57 @@ from __future__ import annotations
 import re
 
 from scrapy_proxy_shard.exceptions import InvalidSessionId, SettingError
+
+# --- key suffixes: every pool key is ``<prefix>:<suffix>[:<part>...]`` --------------------------------
+PROXIES = "proxies"      # HASH proxy id -> URL (may hold credentials)
+TAGS = "tags"            # HASH proxy id -> JSON tags
+SITES = "sites"          # HASH site -> slots per proxy (concurrency)
+READY = "ready"          # ZSET per site: slot member -> ms from which it may be used
+LEASE = "lease"          # STRING per (site, slot): exists exactly while the slot is held
+SESSION = "session"      # HASH per (site, session id): the sticky session's proxy and use counts
+BANS = "bans"            # HASH "<site>|<id>" -> "until_ms|strikes|reason|since"
+BANIDX = "banidx"        # ZSET ban entry -> ms after which it is forgotten
+PSTATS = "pstats"        # HASH "<proxy id>:<counter>"
+HSTATS = "hstats"        # HASH "<host>:<counter>"
+SSTATS = "sstats"        # HASH "<site>:<counter>" (site "*" = proxy-wide quarantines)
+COUNTERS = "counters"    # HASH pool-wide counters
+SITEBUILD = "sitebuild"  # HASH site -> cursor of a ready ZSET still being built
+WAITING = "waiting"      # STRING per site: someone got a WAIT lately
+FREED = "freed"          # LIST per site: one entry per slot given back (waiters BLPOP it)
+HOSTS = "hosts"          # ZSET host -> ms until which it counts as alive
+HOST = "host"            # HASH per host: heartbeat times and info
+LOAD = "load"            # HASH per host: minute -> leases taken
+DONE = "done"            # STRING per (op, token): the memoised reply of a write script
+META = "meta"            # HASH created=ms: the pool was loaded once
+KEY_SUFFIXES = (PROXIES, TAGS, SITES, READY, LEASE, SESSION, BANS, BANIDX, PSTATS, HSTATS, SSTATS, COUNTERS,
+                SITEBUILD, WAITING, FREED, HOSTS, HOST, LOAD, DONE, META)
+#: The hashes ``PoolStore.counters`` reads.
+COUNTER_HASHES = (COUNTERS, PSTATS, HSTATS, SSTATS)
+
+# --- counter fields: one name per meaning, on every scope that counts it ------------------------------
+LEASES = "l"             # leases taken (proxy, host, site)
+OK = "ok"                # responses judged fine (proxy, host, site)
+ERRORS = "err"           # download errors (proxy, host, site)
+BANNED = "banned"        # responses judged a ban (host, site)
+QUARANTINES = "ban"      # quarantines started (proxy, site; per reason as ``ban:<reason>`` on a site)
+LATENCY = "lat"          # EWMA response time in ms (proxy)
+STALE = "stale"          # releases of a lease someone else holds now (pool, host)
+EXPIRED = "expired"      # releases of a lease that had expired, unclaimed (pool, host)
+REBINDS = "rebinds"      # sticky sessions moved to another proxy (pool)
+Q_STARTED = "q_started"  # quarantines started (pool)
+Q_MS = "q_ms"            # their total length in ms, less what unban cut short (pool)
+COUNTER_FIELDS = (LEASES, OK, ERRORS, BANNED, QUARANTINES, LATENCY, STALE, EXPIRED, REBINDS, Q_STARTED, Q_MS)
+#: Field of a session hash (``SESSION`` key): the id of the proxy the session is bound to.
+SESSION_PROXY = "p"
+#: Before the rename, hosts counted responses judged a ban as ``<host>:ban``; a pool written by an
+#: older version still holds it. Readers add it to ``banned`` (no migration step); never written now.
+LEGACY_HOST_BANNED = "ban"
+
+
+def owned(owner: str, counter: str) -> str:
+    """The field of ``owner``'s counter in pstats/hstats/sstats: ``<owner>:<counter>``."""
+    return f"{owner}:{counter}"
+
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._\-]{0,63}")
 
@@ -62,18 +117,14 @@ def pools_registry(namespace: str) -> str:
     return f"{namespace}:pools"
 
 
-def lease_key(prefix: str, site: str, member: str) -> str:
-    return f"{prefix}:lease:{site}:{member}"
-
-
 def session_key(prefix: str, site: str, session_id: str) -> str:
-    return f"{prefix}:session:{site}:{session_id}"
+    return f"{prefix}:{SESSION}:{site}:{session_id}"
 
 
 def freed_key(prefix: str, site: str) -> str:
-    return f"{prefix}:freed:{site}"
+    return f"{prefix}:{FREED}:{site}"
 
 
 def sub_key(prefix: str, name: str) -> str:
-    """A pool-level structure named in lua/_lib.lua (``proxies``, ``tags``, ``bans``, ...)."""
+    """A pool-level structure: ``name`` is one of KEY_SUFFIXES (``PROXIES``, ``BANS``, ...)."""
     return f"{prefix}:{name}"

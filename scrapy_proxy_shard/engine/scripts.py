@@ -12,13 +12,11 @@ from pathlib import Path
 OPERATIONS = (
     "lease",
     "release",
-    "renew",
     "ban",
     "unban",
     "add",
     "remove",
     "end_session",
-    "site_state",
     "host_beat",
     "host_leave",
     "hosts",

@@ -18,7 +18,7 @@ import random
 import secrets
 from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import redis
 import redis.asyncio
@@ -27,7 +27,7 @@ from scrapy_proxy_shard.engine import schema as keys
 from scrapy_proxy_shard.engine.bans import BanOptions
 from scrapy_proxy_shard.engine.proxies import Proxy, make_proxy, mask, parse_proxy, proxy_id
 from scrapy_proxy_shard.engine.scripts import register_all
-from scrapy_proxy_shard.exceptions import PoolBackendError, UnknownPoolError
+from scrapy_proxy_shard.exceptions import PoolBackendError, PoolUnreachable, UnknownPoolError
 
 #: Lease calls in doubt kept at most (each is a slot that frees itself at its lease TTL anyway).
 MAX_IN_DOUBT = 10_000
@@ -42,7 +42,7 @@ REASON_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789_-:.")
 
 @dataclass(frozen=True)
 class Lease:
-    """A held proxy slot. Present ``token`` to release or renew it; the URL holds credentials."""
+    """A held proxy slot. Present ``token`` to release it; the URL holds credentials."""
 
     pool: str
     site: str
@@ -102,15 +102,6 @@ class AddResult:
 
 
 @dataclass(frozen=True)
-class SiteState:
-    slots: int
-    free: int
-    held: int
-    blocked: int
-    next_free_in: float
-
-
-@dataclass(frozen=True)
 class BanRecord:
     proxy_id: str
     scope: str  # a site key, or "*" for proxy-wide
@@ -165,6 +156,11 @@ class SiteStatus:
     held_by_host: dict[str, int]
     busy: tuple[BusySlot, ...] = ()
 
+    @property
+    def held(self) -> int:
+        """Slots a request or a sticky session holds now (a lease key exists), by every host."""
+        return sum(self.held_by_host.values())
+
 
 @dataclass(frozen=True)
 class Beat:
@@ -176,7 +172,7 @@ class Beat:
     leases: int
     ok: int
     errors: int
-    bans: int
+    bans: int  # responses judged a ban (the ``banned`` counter)
     sites: dict[str, tuple[int, int]]  # site -> (slots, free)
 
 
@@ -192,7 +188,7 @@ class HostRecord:
     leases: int
     ok: int
     errors: int
-    bans: int
+    bans: int  # responses judged a ban (the ``banned`` counter)
     load: dict[float, int]  # minute start -> leases taken in that minute
 
 
@@ -313,17 +309,6 @@ class _StoreBase:
         return ReleaseResult(reply[0].lower(), int(reply[1]) / 1000,
                              until / 1000 if until else None, int(reply[3]))
 
-    def renew(self, lease: Lease, ttl: float, *, session_ttl: float = 600.0):
-        """Extend a held lease by ``ttl`` from now; returns the new expiry, or None if lost."""
-        return self._drive(self._renew(lease, ttl, session_ttl))
-
-    def _renew(self, lease, ttl, session_ttl) -> Plan:
-        reply = yield _Script("renew", (self.prefix(lease.pool),), (
-            lease.site, lease.member, lease.token, _ms(ttl), lease.session_id or "",
-            _ms(session_ttl),
-        ))
-        return int(reply[1]) / 1000 if reply[0] == "OK" else None
-
     def hold(self, pool: str, site: str, member: str, *, ttl: float, concurrency: int = 1):
         """Take the named slot if it is free (adopting a lease made while Redis was unreachable).
 
@@ -365,7 +350,7 @@ class _StoreBase:
             site or "*", pid, _reason(reason), *self._ban_args(site is None, ttl),
         ))
         if reply[0] == "UNKNOWN":
-            raise UnknownPoolError(f"pool {pool!r} has no proxy {_shown(proxy)!r}")
+            raise UnknownPoolError(f"pool {pool!r} has no proxy {mask(str(proxy))!r}")
         return BanResult(int(reply[1]) / 1000, int(reply[2]), bool(int(reply[3])))
 
     def unban(self, pool: str, proxy: str, *, site: str | None = None):
@@ -441,9 +426,9 @@ class _StoreBase:
 
     def _list(self, pool) -> Plan:
         prefix = self.prefix(pool)
-        urls = yield _Command(("HGETALL", keys.sub_key(prefix, "proxies")))
-        tags = yield _Command(("HGETALL", keys.sub_key(prefix, "tags")))
-        stats = yield _Command(("HGETALL", keys.sub_key(prefix, "pstats")))
+        urls = yield _Command(("HGETALL", keys.sub_key(prefix, keys.PROXIES)))
+        tags = yield _Command(("HGETALL", keys.sub_key(prefix, keys.TAGS)))
+        stats = yield _Command(("HGETALL", keys.sub_key(prefix, keys.PSTATS)))
         per_proxy: dict[str, dict[str, float]] = {}
         for name, value in (stats or {}).items():
             pid, _, counter = name.rpartition(":")
@@ -458,7 +443,7 @@ class _StoreBase:
         return self._drive(self._pool_size(pool))
 
     def _pool_size(self, pool) -> Plan:
-        size = yield _Command(("HLEN", keys.sub_key(self.prefix(pool), "proxies")))
+        size = yield _Command(("HLEN", keys.sub_key(self.prefix(pool), keys.PROXIES)))
         return int(size or 0)
 
     def pools(self):
@@ -469,23 +454,12 @@ class _StoreBase:
         names = yield _Command(("SMEMBERS", keys.pools_registry(self.namespace)))
         return sorted(names or ())
 
-    def site_state(self, pool: str, site: str):
-        """Slots of a site now: free, held, blocked (cooling or quarantined). O(N): not for hot paths."""
-        return self._drive(self._site_state(pool, site))
-
-    def _site_state(self, pool, site) -> Plan:
-        reply = yield _Script("site_state", (self.prefix(pool),), (site,))
-        if reply[0] != "OK":
-            return None
-        slots, free, held, blocked, nxt = (int(x) for x in reply[1:6])
-        return SiteState(slots, free, held, blocked, nxt / 1000)
-
     def bans(self, pool: str):
         """Every quarantine entry (running or remembered for escalation), soonest end first."""
         return self._drive(self._bans(pool))
 
     def _bans(self, pool) -> Plan:
-        raw = yield _Command(("HGETALL", keys.sub_key(self.prefix(pool), "bans")))
+        raw = yield _Command(("HGETALL", keys.sub_key(self.prefix(pool), keys.BANS)))
         records = []
         for name, value in (raw or {}).items():
             scope, _, pid = name.rpartition("|")
@@ -493,12 +467,12 @@ class _StoreBase:
             records.append(BanRecord(pid, scope, int(until) / 1000, int(strikes), reason, int(since) / 1000))
         return sorted(records, key=lambda r: r.until)
 
-    def counters(self, pool: str, which: str = "counters"):
-        """A counter hash of the pool: ``counters``, ``pstats``, ``hstats`` or ``sstats``."""
+    def counters(self, pool: str, which: str = keys.COUNTERS):
+        """A counter hash of the pool: one of ``schema.COUNTER_HASHES``; fields in ``schema``."""
         return self._drive(self._counters(pool, which))
 
     def _counters(self, pool, which) -> Plan:
-        if which not in ("counters", "pstats", "hstats", "sstats"):
+        if which not in keys.COUNTER_HASHES:
             raise ValueError(f"unknown counter hash {which!r}")
         raw = yield _Command(("HGETALL", keys.sub_key(self.prefix(pool), which)))
         return {k: float(v) for k, v in (raw or {}).items()}
@@ -508,7 +482,7 @@ class _StoreBase:
         return self._drive(self._session_proxy(pool, site, session_id))
 
     def _session_proxy(self, pool, site, session_id) -> Plan:
-        pid = yield _Command(("HGET", keys.session_key(self.prefix(pool), site, session_id), "p"))
+        pid = yield _Command(("HGET", keys.session_key(self.prefix(pool), site, session_id), keys.SESSION_PROXY))
         return pid or None
 
     def ping(self):
@@ -582,7 +556,7 @@ class _StoreBase:
         return self._drive(self._sites(pool))
 
     def _sites(self, pool) -> Plan:
-        raw = yield _Command(("HGETALL", keys.sub_key(self.prefix(pool), "sites")))
+        raw = yield _Command(("HGETALL", keys.sub_key(self.prefix(pool), keys.SITES)))
         return {site: int(c) for site, c in sorted((raw or {}).items())}
 
     def pool_status(self, pool: str, site: str, *, detail: bool = False, chunk: int = 256):
@@ -634,7 +608,7 @@ class _StoreBase:
     def _proxy_urls(self, pool, ids) -> Plan:
         if not ids:
             return {}
-        urls = yield _Command(("HMGET", keys.sub_key(self.prefix(pool), "proxies"), *ids))
+        urls = yield _Command(("HMGET", keys.sub_key(self.prefix(pool), keys.PROXIES), *ids))
         return dict(zip(ids, urls or [None] * len(ids), strict=True))
 
     def server_time(self):
@@ -662,7 +636,7 @@ class _StoreBase:
 
     def _backend_error(self, exc: Exception) -> PoolBackendError:
         if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
-            return PoolBackendError(f"cannot reach Redis at {self._where}: {exc}")
+            return PoolUnreachable(f"cannot reach Redis at {self._where}: {exc}")
         return PoolBackendError(f"Redis at {self._where} answered with an error: {exc}")
 
 
@@ -691,8 +665,99 @@ class PoolStore(_StoreBase):
         return self.client.execute_command(*request.args)
 
 
-class AsyncPoolStore(_StoreBase):
-    """asyncio store (redis.asyncio): what the Scrapy middlewares use."""
+@runtime_checkable
+class PoolBackend(Protocol):
+    """What the crawl (runtime, health monitor) calls on a store: the one interface both the plain
+    ``AsyncPoolStore`` and the outage-surviving ``modes.fallback.FallbackPoolStore`` implement.
+
+    Declared, not probed: the runtime calls exactly these, so a store that lacks one fails at
+    definition (``tests/test_engine_contract.py`` checks both against this list, signatures included)
+    rather than at the first outage. Every method is awaited; connection problems raise
+    ``PoolUnreachable``, error replies ``PoolBackendError``.
+    """
+
+    host_id: str
+
+    @property
+    def where(self) -> str:
+        """Where the shared pool lives, for messages (a Redis URL, password masked)."""
+        ...
+
+    @property
+    def redis_client(self) -> Any:
+        """The client of the shared Redis (the eviction-policy check at start reads its CONFIG)."""
+        ...
+
+    @property
+    def fallback_state(self) -> str | None:
+        """None: no local fallback. Else ``redis``, ``fallback`` (local slice) or ``grace``."""
+        ...
+
+    def snapshot_proxies(self, pool: str) -> list[Proxy]:
+        """The proxies of ``pool`` as last seen in Redis by this process ([] when it keeps no copy)."""
+        ...
+
+    def snapshot_bans(self, pool: str) -> list[BanRecord]:
+        """The quarantines of ``pool`` as last seen in Redis by this process ([] when it keeps no copy):
+        a pool Redis lost is restored with those still running."""
+        ...
+
+    async def start_offline(self, reason: BaseException) -> None: ...
+
+    async def ping(self) -> bool: ...
+
+    async def add_proxies(self, pool: str, proxies: Iterable[Proxy | str]) -> AddResult: ...
+
+    async def restore_pool(self, pool: str, proxies: Iterable[Proxy | str], *, warmup: float = 0.0) -> int: ...
+
+    async def pool_size(self, pool: str) -> int: ...
+
+    async def lease(self, pool: str, site: str, *, ttl: float, concurrency: int = 1,
+                    session_id: str | None = None, session_ttl: float = 600.0) -> Lease | LeaseWait: ...
+
+    async def wait_for_release(self, pool: str, site: str, timeout: float) -> bool: ...
+
+    async def release(self, lease: Lease, *, outcome: str = "ok", latency: float | None = None,
+                      min_interval: float = 0.0, reason: str | None = None,
+                      session_ttl: float = 600.0, ban_ttl: float | None = None) -> ReleaseResult: ...
+
+    async def end_session(self, pool: str, site: str, session_id: str, *, min_interval: float = 0.0) -> bool: ...
+
+    async def pools(self) -> list[str]: ...
+
+    async def heartbeat(self, pool: str, *, ttl: float, info: dict[str, Any] | None = None, always: bool = True,
+                        bucket: float = 60.0, keep: float = 3600.0) -> Beat | None: ...
+
+    async def leave(self, pool: str) -> bool: ...
+
+    async def aclose(self) -> None: ...
+
+
+class AsyncPoolStore(_StoreBase, PoolBackend):
+    """asyncio store (redis.asyncio): what the Scrapy middlewares use. Implements ``PoolBackend``
+    (its methods come from ``_StoreBase``: each returns the coroutine ``_drive`` makes)."""
+
+    @property
+    def where(self) -> str:
+        return self._where
+
+    @property
+    def redis_client(self) -> Any:
+        return self.client
+
+    @property
+    def fallback_state(self) -> str | None:
+        return None
+
+    def snapshot_proxies(self, pool: str) -> list[Proxy]:
+        return []
+
+    def snapshot_bans(self, pool: str) -> list[BanRecord]:
+        return []
+
+    async def start_offline(self, reason: BaseException) -> None:
+        """A store without a local fallback cannot run while Redis is down: raises ``reason``."""
+        raise reason
 
     async def _drive(self, plan: Plan, *, settle: bool = True) -> Any:
         if settle and self._in_doubt:
@@ -755,10 +820,6 @@ def _as_id(proxy: str) -> str:
     if len(text) == 16 and all(c in "0123456789abcdef" for c in text):
         return text
     return proxy_id(parse_proxy(text))
-
-
-def _shown(proxy: Any) -> str:
-    return mask(str(proxy))
 
 
 def _decode(value: Any) -> Any:

@@ -15,26 +15,32 @@ together) in every mode: the sites of platform ``p`` lease from pool ``<pool>.<p
 from __future__ import annotations
 
 import logging
+from typing import Any
 
-from scrapy_proxy_shard.engine.store import AsyncPoolStore
+from scrapy_proxy_shard.engine.store import AsyncPoolStore, PoolBackend
 from scrapy_proxy_shard.exceptions import SettingError
 from scrapy_proxy_shard.modes.connection import async_client
 from scrapy_proxy_shard.modes.fallback import FallbackPoolStore
-from scrapy_proxy_shard.modes.pools import embedded_client, settled_counter, store_kwargs
+from scrapy_proxy_shard.modes.pools import embedded_store, settled_counter, store_kwargs
 from scrapy_proxy_shard.settings import ShardSettings
 
 logger = logging.getLogger(__name__)
 
 
 
+def build_store(settings: ShardSettings, stats: Any = None, *, client: Any = None) -> PoolBackend:
+    """The store the runtime talks to, by ``PROXY_SHARD_MODE``: the one place a crawl's store is built.
 
-
-def build_store(settings: ShardSettings, stats=None):
-    """The store the runtime talks to, by ``PROXY_SHARD_MODE``."""
+    ``client`` (``PROXY_SHARD_REDIS_CLIENT``: a Cluster/Sentinel client built by hand, fakeredis in
+    tests) is used as it is, in any mode: a plain store on that client, without the local fallback
+    (which needs a URL-built connection it can probe on its own terms).
+    """
+    if client is not None:
+        return AsyncPoolStore(client, on_settled=settled_counter(stats), **store_kwargs(settings))
     if settings.mode in ("embedded", "static"):
         if settings.mode == "static" and not settings.hosts:
             raise SettingError("PROXY_SHARD_MODE 'static' needs PROXY_SHARD_HOSTS (every host id, in any order)")
-        return AsyncPoolStore(embedded_client(), **store_kwargs(settings))
+        return embedded_store(settings)
     where = settings.redis_url or "sentinel://{}/{}".format(
         ",".join(f"{h}:{p}" for h, p in settings.redis_sentinels), settings.redis_sentinel_master)
     primary = AsyncPoolStore(async_client(settings), url_for_errors=where, on_settled=settled_counter(stats),

@@ -27,12 +27,19 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import redis
-
 from scrapy_proxy_shard.engine.proxies import Proxy, make_proxy
-from scrapy_proxy_shard.engine.store import AsyncPoolStore, BanRecord, Lease, LeaseWait, ReleaseResult
-from scrapy_proxy_shard.exceptions import PoolBackendError, ProxyShardError, UnknownPoolError
-from scrapy_proxy_shard.modes.pools import embedded_client, initial_proxies, store_kwargs
+from scrapy_proxy_shard.engine.store import (
+    AddResult,
+    AsyncPoolStore,
+    BanRecord,
+    Beat,
+    Lease,
+    LeaseWait,
+    PoolBackend,
+    ReleaseResult,
+)
+from scrapy_proxy_shard.exceptions import PoolBackendError, PoolUnreachable, ProxyShardError, UnknownPoolError
+from scrapy_proxy_shard.modes.pools import embedded_store, initial_proxies
 from scrapy_proxy_shard.modes.sharding import slice_for
 from scrapy_proxy_shard.settings import ShardSettings
 
@@ -44,14 +51,7 @@ EMPTY_SLICE_WAIT = 1.0
 WARMUP = "fallback_warmup"
 
 
-def is_outage(exc: BaseException) -> bool:
-    """A connection problem (Redis unreachable), as opposed to Redis answering with an error."""
-    cause = exc.__cause__ or exc.__context__
-    text = str(exc)
-    return isinstance(cause, (redis.ConnectionError, redis.TimeoutError)) or text.startswith("cannot reach Redis")
-
-
-async def replay_bans(store: AsyncPoolStore, pool: str, records) -> int:
+async def replay_bans(store: PoolBackend, pool: str, records) -> int:
     """Write the quarantines of ``records`` that still run into ``store``: a pool Redis lost comes back
     with its bans, so an IP a site just banned is not offered to that site again. Returns how many."""
     replayed = 0
@@ -71,8 +71,12 @@ class _Snapshot:
     hosts: tuple[str, ...] = ()
 
 
-class FallbackPoolStore:
-    """An AsyncPoolStore look-alike that survives Redis outages (see the module docstring)."""
+class FallbackPoolStore(PoolBackend):
+    """A ``PoolBackend`` that survives Redis outages (see the module docstring).
+
+    Every method of the interface is written out: the ones with no local meaning (heartbeats, the
+    pool list, restoring a lost pool) go to Redis and raise ``PoolUnreachable`` during an outage.
+    """
 
     def __init__(self, primary: AsyncPoolStore, settings: ShardSettings, *, stats: Any = None,
                  clock=time.monotonic) -> None:
@@ -92,23 +96,52 @@ class FallbackPoolStore:
         self._entering: asyncio.Future | None = None
         self._snapshot_at: dict[str, float] = {}
 
-    # --- the AsyncPoolStore interface the runtime uses ------------------------------------------
+    # --- the PoolBackend interface -----------------------------------------------------------------
     @property
     def host_id(self) -> str:
         return self.primary.host_id
 
+    @property
+    def where(self) -> str:
+        return self.primary.where
+
+    @property
+    def redis_client(self) -> Any:
+        return self.primary.redis_client
+
+    @property
+    def fallback_state(self) -> str | None:
+        return self.state
+
+    def snapshot_proxies(self, pool: str) -> list[Proxy]:
+        return list(self.snapshot.proxies.get(pool, ()))
+
+    def snapshot_bans(self, pool: str) -> list[BanRecord]:
+        return list(self.snapshot.bans.get(pool, ()))
+
+    async def restore_pool(self, pool: str, proxies, *, warmup: float = 0.0) -> int:
+        return await self.primary.restore_pool(pool, proxies, warmup=warmup)
+
+    async def pools(self) -> list[str]:
+        return await self.primary.pools()
+
+    async def heartbeat(self, pool: str, *, ttl: float, info: dict[str, Any] | None = None, always: bool = True,
+                        bucket: float = 60.0, keep: float = 3600.0) -> Beat | None:
+        return await self.primary.heartbeat(pool, ttl=ttl, info=info, always=always, bucket=bucket, keep=keep)
+
+    async def leave(self, pool: str) -> bool:
+        return await self.primary.leave(pool)
+
     async def ping(self) -> bool:
         return await self.primary.ping()
 
-    async def add_proxies(self, pool: str, proxies):
+    async def add_proxies(self, pool: str, proxies) -> AddResult:
         """Add to Redis; while Redis is unreachable, to the snapshot (and this host's local slice)."""
         items = [p if isinstance(p, Proxy) else make_proxy(p) for p in proxies]
         if self.state == "redis":
             try:
                 return await self.primary.add_proxies(pool, items)
-            except PoolBackendError as exc:
-                if not is_outage(exc):
-                    raise
+            except PoolUnreachable as exc:
                 await self._enter_fallback(exc)
         known = {p.id: p for p in self.snapshot.proxies.get(pool, [])}
         known.update((p.id, p) for p in items)
@@ -120,9 +153,7 @@ class FallbackPoolStore:
         if self.state == "redis":
             try:
                 return await self.primary.pool_size(pool)
-            except PoolBackendError as exc:
-                if not is_outage(exc):
-                    raise
+            except PoolUnreachable as exc:
                 await self._enter_fallback(exc)
         return len(self._my_slice(pool))
 
@@ -133,16 +164,14 @@ class FallbackPoolStore:
         await self._enter_fallback(reason)
 
     async def lease(self, pool: str, site: str, *, ttl: float, concurrency: int = 1,
-                    session_id: str | None = None, session_ttl: float = 600.0):
+                    session_id: str | None = None, session_ttl: float = 600.0) -> Lease | LeaseWait:
         self._site_concurrency[(pool, site)] = concurrency
         if self.state == "redis":
             try:
                 await self._refresh_snapshot(pool)
                 return await self.primary.lease(pool, site, ttl=ttl, concurrency=concurrency,
                                                 session_id=session_id, session_ttl=session_ttl)
-            except PoolBackendError as exc:
-                if not is_outage(exc):
-                    raise
+            except PoolUnreachable as exc:
                 await self._enter_fallback(exc)
         if self.state == "grace" and self.clock() >= self._grace_until:
             self._leave_fallback()
@@ -154,46 +183,44 @@ class FallbackPoolStore:
         if self.state == "redis":
             try:
                 return await self.primary.wait_for_release(pool, site, timeout)
-            except PoolBackendError as exc:
-                if not is_outage(exc):
-                    raise
+            except PoolUnreachable as exc:
                 await self._enter_fallback(exc)
                 return True  # retry at once, locally
         return await self._ensure_local().wait_for_release(pool, site, timeout)
 
-    async def release(self, lease: Lease, **kwargs) -> ReleaseResult:
+    async def release(self, lease: Lease, *, outcome: str = "ok", latency: float | None = None,
+                      min_interval: float = 0.0, reason: str | None = None,
+                      session_ttl: float = 600.0, ban_ttl: float | None = None) -> ReleaseResult:
+        how = {"outcome": outcome, "latency": latency, "min_interval": min_interval, "reason": reason,
+               "session_ttl": session_ttl, "ban_ttl": ban_ttl}
         local = self._local_leases.pop(lease.token, None)
         if local is not None:
-            result = await self._ensure_local().release(lease, **kwargs)
+            result = await self._ensure_local().release(lease, **how)
             adopted = self._adopted.pop(lease.token, None)
             if adopted is not None:
-                await self._quietly(self.primary.release(adopted, **kwargs))
+                await self._quietly(self.primary.release(adopted, **how))
             return result
         try:
-            result = await self.primary.release(lease, **kwargs)
+            result = await self.primary.release(lease, **how)
             if result.ban_until:  # known at once to this host's fallback, not a snapshot later
                 self.snapshot.bans.setdefault(lease.pool, []).append(BanRecord(
-                    lease.proxy_id, "*" if kwargs.get("outcome") == "dead" else lease.site, result.ban_until,
-                    result.strikes, kwargs.get("reason") or "ban", result.now))
+                    lease.proxy_id, "*" if outcome == "dead" else lease.site, result.ban_until,
+                    result.strikes, reason or "ban", result.now))
             return result
-        except PoolBackendError as exc:
-            if not is_outage(exc):
-                raise
+        except PoolUnreachable as exc:
             await self._enter_fallback(exc)
             # The Redis lease runs out by itself; a ban verdict is kept locally and replayed later.
-            if kwargs.get("outcome") in ("ban", "dead") and self.local is not None:
-                scope = None if kwargs["outcome"] == "dead" else lease.site
+            if outcome in ("ban", "dead") and self.local is not None:
+                scope = None if outcome == "dead" else lease.site
                 await self._quietly(self.local.ban(lease.pool, lease.proxy_id, site=scope,
-                                                   reason=kwargs.get("reason") or kwargs["outcome"]))
+                                                   reason=reason or outcome))
             return ReleaseResult("lost", time.time())
 
-    async def end_session(self, pool: str, site: str, session_id: str, *, min_interval: float = 0.0):
+    async def end_session(self, pool: str, site: str, session_id: str, *, min_interval: float = 0.0) -> bool:
         store = self.primary if self.state == "redis" else self._ensure_local()
         try:
             return await store.end_session(pool, site, session_id, min_interval=min_interval)
-        except PoolBackendError as exc:
-            if not is_outage(exc):
-                raise
+        except PoolUnreachable:
             return False
 
     async def aclose(self) -> None:
@@ -209,9 +236,6 @@ class FallbackPoolStore:
         await self.primary.aclose()
         if self.local is not None:
             await self.local.aclose()
-
-    def __getattr__(self, name: str) -> Any:  # read-only helpers (bans, counters...) go to Redis
-        return getattr(self.primary, name)
 
     # --- snapshot --------------------------------------------------------------------------------
     async def _refresh_snapshot(self, pool: str) -> None:
@@ -232,11 +256,9 @@ class FallbackPoolStore:
     async def _live_hosts(self) -> tuple[str, ...]:
         if self.settings.hosts:
             return self.settings.hosts
-        lister = getattr(self.primary, "live_hosts", None)
-        if lister is not None:
-            hosts = tuple(await lister())
-            if hosts:
-                return tuple(sorted(set(hosts) | {self.host_id}))
+        hosts = tuple(await self.primary.live_hosts())
+        if hosts:
+            return tuple(sorted(set(hosts) | {self.host_id}))
         return (self.host_id,)
 
     def _my_slice(self, pool: str) -> list[Proxy]:
@@ -288,7 +310,7 @@ class FallbackPoolStore:
 
     def _ensure_local(self) -> AsyncPoolStore:
         if self.local is None:
-            self.local = AsyncPoolStore(embedded_client(), **store_kwargs(self.settings))
+            self.local = embedded_store(self.settings)
         return self.local
 
     def _probe_limit(self) -> float:

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 import fakeredis
 
 from scrapy_proxy_shard.engine.proxies import make_proxy
+from scrapy_proxy_shard.engine.store import AsyncPoolStore
 from scrapy_proxy_shard.modes.sharding import partition_by_platform, slice_for
 from scrapy_proxy_shard.settings import ShardSettings
 
@@ -15,6 +16,11 @@ from scrapy_proxy_shard.settings import ShardSettings
 def embedded_client() -> fakeredis.FakeAsyncRedis:
     """A private in-memory Redis (fakeredis, Lua enabled) for one process."""
     return fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer(), decode_responses=True)
+
+def embedded_store(settings: ShardSettings) -> AsyncPoolStore:
+    """A store on a private in-memory Redis: the embedded and static engines, and the fallback's local
+    slice (which cannot use ``factory.build_store``: the factory builds the fallback store itself)."""
+    return AsyncPoolStore(embedded_client(), **store_kwargs(settings))
 
 def store_kwargs(settings: ShardSettings) -> dict:
     return {"namespace": settings.namespace, "host_id": settings.host_id, "bans": settings.bans,

@@ -23,6 +23,7 @@ from prometheus_client import start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import CollectorRegistry
 
+from scrapy_proxy_shard.engine import schema
 from scrapy_proxy_shard.engine.store import PoolStore
 from scrapy_proxy_shard.exceptions import ProxyShardError
 from scrapy_proxy_shard.ops.snapshot import STATES, PoolSnapshot, read_pool
@@ -111,9 +112,10 @@ def pool_metrics(snapshots: Sequence[PoolSnapshot]) -> Iterator[Metric]:
                    lambda s: s.latency_mean)
     yield _counter("proxy_shard_releases", "Releases that found their lease expired ('stale': re-leased by "
                    "another host, 'expired': free)", ["pool", "status"],
-                   [((s.pool, st), int(s.counters.get(st, 0))) for s in snapshots for st in ("stale", "expired")])
+                   [((s.pool, st), int(s.counters.get(st, 0))) for s in snapshots
+                    for st in (schema.STALE, schema.EXPIRED)])
     yield per_pool("proxy_shard_session_rebinds", "Sticky sessions moved to another proxy",
-                   lambda s: int(s.counters.get("rebinds", 0)), "counter")
+                   lambda s: int(s.counters.get(schema.REBINDS, 0)), "counter")
     yield from host_metrics(snapshots)
 
 

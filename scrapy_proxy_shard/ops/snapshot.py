@@ -16,6 +16,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from scrapy_proxy_shard.engine import schema
 from scrapy_proxy_shard.engine.store import BanRecord, HostRecord, PoolStore, ProxyRecord, SiteStatus
 
 #: Slot states in the order the views show them (``free`` plus the states of ``pool_status.lua``).
@@ -110,12 +111,12 @@ class PoolSnapshot:
 
     @property
     def quarantines_started(self) -> int:
-        return int(self.counters.get("q_started", 0))
+        return int(self.counters.get(schema.Q_STARTED, 0))
 
     @property
     def quarantine_seconds(self) -> float:
         """Total length of the quarantines started, less what ``unban`` cut short."""
-        return max(0.0, self.counters.get("q_ms", 0.0) / 1000)
+        return max(0.0, self.counters.get(schema.Q_MS, 0.0) / 1000)
 
     @property
     def mean_quarantine(self) -> float | None:
@@ -125,8 +126,7 @@ class PoolSnapshot:
 
     # --- outcomes ----------------------------------------------------------------------------------
     def site_outcomes(self, site: str) -> Outcomes:
-        s = self.site_stats.get(site, {})
-        return Outcomes(int(s.get("l", 0)), int(s.get("ok", 0)), int(s.get("err", 0)), int(s.get("banned", 0)))
+        return _outcomes(self.site_stats.get(site, {}))
 
     @property
     def outcomes(self) -> Outcomes:
@@ -136,23 +136,25 @@ class PoolSnapshot:
         return total
 
     def host_outcomes(self, host: str) -> Outcomes:
-        s = self.host_stats.get(host, {})
-        return Outcomes(int(s.get("l", 0)), int(s.get("ok", 0)), int(s.get("err", 0)), int(s.get("ban", 0)))
+        # A pool written before the rename may still hold a host's banned responses under the old name.
+        stats = self.host_stats.get(host, {})
+        return _outcomes(stats, also_banned=stats.get(schema.LEGACY_HOST_BANNED, 0))
 
     def bans_by_site_reason(self) -> Counter[tuple[str, str]]:
         """Quarantines started per (site, reason) since the pool began (site "*" = proxy-wide)."""
         out: Counter[tuple[str, str]] = Counter()
+        per_reason = schema.QUARANTINES + ":"
         for site, stats in self.site_stats.items():
             for name, value in stats.items():
-                if name.startswith("ban:"):
-                    out[(site, name[4:])] += int(value)
+                if name.startswith(per_reason):
+                    out[(site, name[len(per_reason):])] += int(value)
         return out
 
     # --- latency -----------------------------------------------------------------------------------
     @property
     def latencies(self) -> list[float]:
         """Each proxy's EWMA response time (seconds), for proxies that answered at least once."""
-        return sorted(s["lat"] / 1000 for s in self.proxy_stats.values() if "lat" in s)
+        return sorted(s[schema.LATENCY] / 1000 for s in self.proxy_stats.values() if schema.LATENCY in s)
 
     def latency_quantile(self, q: float) -> float | None:
         values = self.latencies
@@ -227,14 +229,20 @@ def read_pool(store: PoolStore, pool: str, *, detail: bool = False) -> PoolSnaps
         sites=sites,
         bans=[b for b in bans if present.get(b.proxy_id)],
         hosts=store.hosts(pool),
-        site_stats=_split(store.counters(pool, "sstats"), first=True),
-        host_stats=_split(store.counters(pool, "hstats"), first=False),
+        site_stats=_split(store.counters(pool, schema.SSTATS), first=True),
+        host_stats=_split(store.counters(pool, schema.HSTATS), first=False),
         proxy_stats=({r.id: r.stats for r in records} if records is not None
-                     else _split(store.counters(pool, "pstats"), first=False)),
-        counters=store.counters(pool, "counters"),
+                     else _split(store.counters(pool, schema.PSTATS), first=False)),
+        counters=store.counters(pool, schema.COUNTERS),
         concurrency=site_names,
         records=records,
     )
+
+
+def _outcomes(stats: dict[str, Any], *, also_banned: float = 0) -> Outcomes:
+    """Requests of one site or host by outcome (the counter fields of ``schema``)."""
+    return Outcomes(int(stats.get(schema.LEASES, 0)), int(stats.get(schema.OK, 0)), int(stats.get(schema.ERRORS, 0)),
+                    int(stats.get(schema.BANNED, 0) + also_banned))
 
 
 def _split(flat: dict[str, float], *, first: bool) -> dict[str, dict[str, Any]]:

@@ -12,6 +12,7 @@ from typing import Any
 
 from tabulate import tabulate
 
+from scrapy_proxy_shard.engine import schema
 from scrapy_proxy_shard.engine.store import HostRecord, ProxyRecord
 from scrapy_proxy_shard.ops.snapshot import LOAD_WINDOW_MINUTES, STATES, Outcomes, PoolSnapshot
 
@@ -62,15 +63,15 @@ def outcomes_json(o: Outcomes) -> dict[str, Any]:
 # --- list -----------------------------------------------------------------------------------------
 
 def proxies_table(pool: str, records: list[ProxyRecord]) -> str:
-    rows = [(pool, r.id, r.proxy.masked, _tags(r.proxy.tags), int(r.stats.get("l", 0)), int(r.stats.get("ok", 0)),
-             int(r.stats.get("err", 0)), int(r.stats.get("ban", 0)), millis(_lat(r.stats))) for r in records]
+    rows = [(pool, r.id, r.proxy.masked, _tags(r.proxy.tags), *_counts(r.stats), millis(_lat(r.stats)))
+            for r in records]
     return table(rows, ["pool", "id", "proxy", "tags", "leases", "ok", "errors", "quarantines", "latency"])
 
 
 def proxies_json(pool: str, records: list[ProxyRecord]) -> list[dict[str, Any]]:
     return [{"pool": pool, "id": r.id, "proxy": r.proxy.masked, "tags": r.proxy.tags,
-             "leases": int(r.stats.get("l", 0)), "ok": int(r.stats.get("ok", 0)), "errors": int(r.stats.get("err", 0)),
-             "quarantines": int(r.stats.get("ban", 0)), "latency_ewma": _r(_lat(r.stats))} for r in records]
+             **dict(zip(("leases", "ok", "errors", "quarantines"), _counts(r.stats), strict=True)),
+             "latency_ewma": _r(_lat(r.stats))} for r in records]
 
 
 def _tags(tags: dict[str, str]) -> str:
@@ -78,7 +79,12 @@ def _tags(tags: dict[str, str]) -> str:
 
 
 def _lat(stats: dict[str, float]) -> float | None:
-    return stats["lat"] / 1000 if "lat" in stats else None
+    return stats[schema.LATENCY] / 1000 if schema.LATENCY in stats else None
+
+
+def _counts(stats: dict[str, float]) -> tuple[int, int, int, int]:
+    """A proxy's leases, ok, errors and quarantines started."""
+    return tuple(int(stats.get(name, 0)) for name in (schema.LEASES, schema.OK, schema.ERRORS, schema.QUARANTINES))
 
 
 # --- status ----------------------------------------------------------------------------------------
@@ -92,8 +98,9 @@ def status_text(snap: PoolSnapshot, *, proxies: bool = False) -> str:
         f"  requests {o.leases}: {percent(o.success_ratio)} ok ({o.ok} ok, {o.errors} errors, {o.banned} banned); "
         f"latency {millis(snap.latency_mean)} mean of proxy EWMAs (p90 {millis(snap.latency_quantile(0.9))})",
         f"  quarantines: {len(running)} running, {snap.quarantines_started} started, "
-        f"mean length {duration(snap.mean_quarantine)}; stale releases {int(snap.counters.get('stale', 0))}, "
-        f"expired {int(snap.counters.get('expired', 0))}, session rebinds {int(snap.counters.get('rebinds', 0))}",
+        f"mean length {duration(snap.mean_quarantine)}; stale releases {int(snap.counters.get(schema.STALE, 0))}, "
+        f"expired {int(snap.counters.get(schema.EXPIRED, 0))}, "
+        f"session rebinds {int(snap.counters.get(schema.REBINDS, 0))}",
     ]
     if snap.sites:
         rows = []
@@ -101,7 +108,7 @@ def status_text(snap: PoolSnapshot, *, proxies: bool = False) -> str:
             so = snap.site_outcomes(s.site)
             rows.append((s.site, s.slots, s.free, s.leased, s.session, s.cooling, s.banned,
                          duration(s.next_free_in) if s.free == 0 else "now", so.leases, percent(so.success_ratio),
-                         int(snap.site_stats.get(s.site, {}).get("ban", 0))))
+                         int(snap.site_stats.get(s.site, {}).get(schema.QUARANTINES, 0))))
         lines += ["", table(rows, ["site", "slots", *STATES, "next free", "requests", "ok", "quarantines"], "  ")]
     else:
         lines.append("  no site served yet")
@@ -166,7 +173,7 @@ def status_json(snap: PoolSnapshot, *, proxies: bool = False) -> dict[str, Any]:
         "sites": [{
             "site": s.site, "slots": s.slots, **{state: getattr(s, state) for state in STATES},
             "next_free_in": _r(s.next_free_in), "requests": outcomes_json(snap.site_outcomes(s.site)),
-            "quarantines_started": int(snap.site_stats.get(s.site, {}).get("ban", 0)),
+            "quarantines_started": int(snap.site_stats.get(s.site, {}).get(schema.QUARANTINES, 0)),
         } for s in snap.sites],
         "hosts": [{**h, "success_ratio": _r(h["success_ratio"], 4), "share": _r(h["share"], 4)}
                   for h in hosts_of_status(snap)],

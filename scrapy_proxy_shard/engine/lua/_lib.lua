@@ -13,10 +13,13 @@
 --   P:session:<site>:<sid> HASH p=id m=member t=use token busy=ms next=ms n=uses rb=rebinds; PX TTL
 --   P:bans               HASH   "<site>|<id>" (site "*" = proxy-wide) -> "until_ms|strikes|reason|since"
 --   P:banidx             ZSET   "<site>|<id>" -> ms after which the entry (and its strikes) is forgotten
---   P:pstats             HASH   "<id>:<counter>" per proxy (l leases, ok, err, ban, lat = EWMA ms)
---   P:hstats             HASH   "<host>:<counter>" per host (l, ok, err, ban)
+--   P:pstats             HASH   "<id>:<counter>" per proxy (l leases, ok, err, ban = quarantines
+--                               started, lat = EWMA ms)
+--   P:hstats             HASH   "<host>:<counter>" per host (l, ok, err, banned = responses judged a ban,
+--                               stale, expired; ban is banned's name before the rename: read, never written)
 --   P:sstats             HASH   "<site>:<counter>" per site (l, ok, err, banned = responses judged a ban,
 --                               ban and ban:<reason> = quarantines started; site "*" = proxy-wide)
+--   Every key suffix and counter field is named in schema.py too (tests/test_schema.py compares them).
 --   P:counters           HASH   pool-wide counters (stale, expired, rebinds, q_started = quarantines
 --                               started, q_ms = their total length in ms, less what unban cut short)
 --   P:sitebuild          HASH   site -> HSCAN cursor of a ready ZSET still being built (see below)
@@ -285,3 +288,15 @@ end
 local K_HOSTS = P .. ':hosts'
 local function host_key(host) return P .. ':host:' .. host end
 local function load_key(host) return P .. ':load:' .. host end
+
+-- A host's counters in P:hstats, in reply order; ':ban' (the old name of ':banned', still in pools
+-- written before the rename) is added into banned when read and deleted with the host.
+local function host_counters(host)
+  local c = redis.call('HMGET', K_HSTATS, host .. ':l', host .. ':ok', host .. ':err', host .. ':banned',
+    host .. ':ban')
+  return {tonumber(c[1]) or 0, tonumber(c[2]) or 0, tonumber(c[3]) or 0, (tonumber(c[4]) or 0) + (tonumber(c[5]) or 0)}
+end
+local function forget_host_counters(host)
+  redis.call('HDEL', K_HSTATS, host .. ':l', host .. ':ok', host .. ':err', host .. ':banned', host .. ':ban',
+    host .. ':stale', host .. ':expired')
+end

@@ -9,8 +9,8 @@
 -- ARGV[5]  load bucket width, ms (60000: leases per minute)
 -- ARGV[6]  load history kept, ms (older buckets are deleted)
 -- Replies:
---   {"OK", now_ms, proxies, live_hosts, leases, ok, err, ban, n_sites, site_1, slots_1, free_1, ...}
---        leases/ok/err/ban: this host's counters in this pool since it registered; slots/free: the
+--   {"OK", now_ms, proxies, live_hosts, leases, ok, err, banned, n_sites, site_1, slots_1, free_1, ...}
+--        leases/ok/err/banned (responses judged a ban): this host's counters in this pool since it registered; slots/free: the
 --        site's slots and how many are free right now
 --   {"IDLE"}  ARGV[4] was "0" and the host has nothing to do with this pool: nothing was written
 -- Cost: O(sites * log N) plus at most 16 dead hosts forgotten and one hour of this host's buckets
@@ -32,8 +32,7 @@ for _, dead in ipairs(redis.call('ZRANGEBYSCORE', K_HOSTS, '-inf', now, 'LIMIT',
   if dead ~= host then
     redis.call('ZREM', K_HOSTS, dead)
     redis.call('DEL', host_key(dead), load_key(dead))
-    redis.call('HDEL', K_HSTATS, dead .. ':l', dead .. ':ok', dead .. ':err', dead .. ':ban',
-      dead .. ':stale', dead .. ':expired')
+    forget_host_counters(dead)
   end
 end
 
@@ -56,9 +55,9 @@ redis.call('HSET', H, 'beat', istr(now), 'seen', istr(total), 'info', info)
 redis.call('PEXPIRE', H, ttl)
 redis.call('ZADD', K_HOSTS, now + ttl, host)
 
-local mine = redis.call('HMGET', K_HSTATS, host .. ':ok', host .. ':err', host .. ':ban')
+local mine = host_counters(host)
 local reply = {'OK', now, redis.call('HLEN', K_PROXIES), redis.call('ZCOUNT', K_HOSTS, '(' .. now, '+inf'),
-  total, tonumber(mine[1]) or 0, tonumber(mine[2]) or 0, tonumber(mine[3]) or 0}
+  total, mine[2], mine[3], mine[4]}
 local sites = redis.call('HKEYS', K_SITES)
 reply[#reply + 1] = #sites
 for _, site in ipairs(sites) do

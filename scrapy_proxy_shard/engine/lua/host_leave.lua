@@ -10,6 +10,5 @@
 local host = ARGV[1]
 local removed = redis.call('ZREM', K_HOSTS, host)
 redis.call('DEL', host_key(host), load_key(host))
-redis.call('HDEL', K_HSTATS, host .. ':l', host .. ':ok', host .. ':err', host .. ':ban',
-  host .. ':stale', host .. ':expired')
+forget_host_counters(host)
 return {'OK', removed}

@@ -3,7 +3,7 @@
 -- ARGV[1]  site (exclusivity key: registrable domain or site group)
 -- ARGV[2]  concurrency: slots per proxy on this site, used when the site is first built
 -- ARGV[3]  lease TTL, ms (a holder that dies frees the slot after this)
--- ARGV[4]  token: random, unique per lease (release/renew must present it)
+-- ARGV[4]  token: random, unique per lease (release must present it)
 -- ARGV[5]  host id of the caller (for per-host counters)
 -- ARGV[6]  session id, or "" for a plain lease
 -- ARGV[7]  session TTL, ms (sliding; only with a session id)

@@ -95,8 +95,9 @@ if outcome == 'ok' then
 elseif outcome == 'ban' or outcome == 'dead' then
   local scope = site
   if outcome == 'dead' then scope = '*' end
-  redis.call('HINCRBY', K_HSTATS, host .. ':ban', 1)
-  redis.call('HINCRBY', K_SSTATS, site .. ':banned', 1)  -- responses (':ban' counts quarantines started)
+  -- responses judged a ban are ':banned' on every scope (':ban' counts quarantines started: see ban())
+  redis.call('HINCRBY', K_HSTATS, host .. ':banned', 1)
+  redis.call('HINCRBY', K_SSTATS, site .. ':banned', 1)
   ban_until, strikes = ban(scope, id, ARGV[10], tonumber(ARGV[11]), tonumber(ARGV[12]),
     tonumber(ARGV[13]), tonumber(ARGV[14]), now)
   if status == 'OK' and sid ~= '' then
