@@ -710,6 +710,11 @@ class PoolBackend(Protocol):
 
     async def restore_pool(self, pool: str, proxies: Iterable[Proxy | str], *, warmup: float = 0.0) -> int: ...
 
+    async def ban(self, pool: str, proxy: str, *, site: str | None = None, reason: str = "manual",
+                  ttl: float | None = None) -> BanResult:
+        """Quarantine ``proxy`` on ``site`` (every site when None) for every host."""
+        ...
+
     async def pool_size(self, pool: str) -> int: ...
 
     async def lease(self, pool: str, site: str, *, ttl: float, concurrency: int = 1,

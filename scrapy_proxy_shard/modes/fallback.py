@@ -32,6 +32,7 @@ from scrapy_proxy_shard.engine.store import (
     AddResult,
     AsyncPoolStore,
     BanRecord,
+    BanResult,
     Beat,
     Lease,
     LeaseWait,
@@ -121,6 +122,11 @@ class FallbackPoolStore(PoolBackend):
 
     async def restore_pool(self, pool: str, proxies, *, warmup: float = 0.0) -> int:
         return await self.primary.restore_pool(pool, proxies, warmup=warmup)
+
+    async def ban(self, pool: str, proxy: str, *, site: str | None = None, reason: str = "manual",
+                  ttl: float | None = None) -> BanResult:
+        """Written to Redis (a restore replays the snapshot's quarantines, only while Redis answers)."""
+        return await self.primary.ban(pool, proxy, site=site, reason=reason, ttl=ttl)
 
     async def pools(self) -> list[str]:
         return await self.primary.pools()
