@@ -6,10 +6,11 @@ once; sticky sessions keep one IP for a session's lifetime.
 """
 
 from scrapy_proxy_shard.engine.proxies import Proxy, make_proxy, mask, parse_proxy, proxy_id
-from scrapy_proxy_shard.engine.store import AsyncPoolStore, Lease, LeaseWait, PoolStore, ReleaseResult
+from scrapy_proxy_shard.engine.store import AsyncPoolStore, Lease, LeaseWait, PoolBackend, PoolStore, ReleaseResult
 from scrapy_proxy_shard.exceptions import (
     NoProxyAvailable,
     PoolBackendError,
+    PoolUnreachable,
     ProxyBanned,
     ProxyShardError,
     ProxyURLError,
@@ -25,8 +26,10 @@ __all__ = [
     "Lease",
     "LeaseWait",
     "NoProxyAvailable",
+    "PoolBackend",
     "PoolBackendError",
     "PoolStore",
+    "PoolUnreachable",
     "Proxy",
     "ProxyBanned",
     "ProxyShardError",
