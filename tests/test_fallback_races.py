@@ -8,9 +8,9 @@ import asyncio
 import redis
 import redis.asyncio
 
-from scrapy_proxy_shard import fallback
 from scrapy_proxy_shard.demo.redis_server import RedisServer
 from scrapy_proxy_shard.engine.store import AsyncPoolStore, Lease, PoolStore
+from scrapy_proxy_shard.modes import fallback
 from scrapy_proxy_shard.modes.fallback import FallbackPoolStore
 from scrapy_proxy_shard.settings import ShardSettings
 

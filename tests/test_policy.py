@@ -21,7 +21,7 @@ from twisted.internet import error as tx_error
 from twisted.python.failure import Failure
 from twisted.web._newclient import ResponseFailed, ResponseNeverReceived
 
-from scrapy_proxy_shard import decoding
+from scrapy_proxy_shard.crawl import decoding
 from scrapy_proxy_shard.exceptions import SettingError
 from scrapy_proxy_shard.policy import (
     DEFAULT_CHALLENGE_PATTERNS,
