@@ -50,8 +50,13 @@ class PoolUnreachable(PoolBackendError):
     """Redis could not be reached (connection refused or lost, timeout): an outage, not a refusal.
 
     A type of its own so the fallback store tells an outage (switch to the local slice) from an error
-    reply (a bug or a misconfiguration: raise it) without reading messages.
+    reply (a bug or a misconfiguration: raise it) without reading messages. ``timed_out`` tells a
+    silent Redis (maybe only stalled: other hosts may still use it) from a refused or lost connection.
     """
+
+    def __init__(self, message: str, *, timed_out: bool = False) -> None:
+        super().__init__(message)
+        self.timed_out = timed_out
 
 
 class NoProxyAvailable(ProxyShardError):

@@ -101,6 +101,7 @@ DEFAULTS: dict[str, Any] = {
     "PROXY_SHARD_REDIS_DOWN_AT_START": "fail",
     "PROXY_SHARD_REDIS_EVICTION": "refuse",
     "PROXY_SHARD_FALLBACK_GRACE": 10.0,
+    "PROXY_SHARD_FALLBACK_AFTER": 10.0,
     "PROXY_SHARD_FALLBACK_WARMUP": 5.0,
     "PROXY_SHARD_SNAPSHOT_INTERVAL": 5.0,
 }
@@ -252,6 +253,7 @@ class ShardSettings:
     redis_down_at_start: str
     redis_eviction: str
     fallback_grace: float
+    fallback_after: float
     fallback_warmup: float
     snapshot_interval: float
 
@@ -335,6 +337,7 @@ class ShardSettings:
             redis_down_at_start=_choice(get, "PROXY_SHARD_REDIS_DOWN_AT_START", ("fail", "fallback")),
             redis_eviction=_choice(get, "PROXY_SHARD_REDIS_EVICTION", EVICTION_CHOICES),
             fallback_grace=_number(get, "PROXY_SHARD_FALLBACK_GRACE", minimum=0.0, maximum=MAX_PERIOD),
+            fallback_after=_number(get, "PROXY_SHARD_FALLBACK_AFTER", minimum=0.0, maximum=MAX_PERIOD),
             fallback_warmup=_number(get, "PROXY_SHARD_FALLBACK_WARMUP", minimum=0.0, maximum=MAX_PERIOD),
             snapshot_interval=_number(get, "PROXY_SHARD_SNAPSHOT_INTERVAL", minimum=0.1, maximum=MAX_PERIOD),
         )

@@ -7,9 +7,11 @@ import asyncio
 
 import redis
 import redis.asyncio
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from scrapy_proxy_shard.demo.redis_server import RedisServer
-from scrapy_proxy_shard.engine.store import AsyncPoolStore, Lease, PoolStore
+from scrapy_proxy_shard.engine.store import AsyncPoolStore, Lease, LeaseWait, PoolStore
 from scrapy_proxy_shard.modes import fallback
 from scrapy_proxy_shard.modes.fallback import FallbackPoolStore
 from scrapy_proxy_shard.settings import ShardSettings
@@ -89,3 +91,48 @@ def test_a_host_in_fallback_probes_at_least_twice_per_grace_period(monkeypatch):
 
     asyncio.run(scenario())
     assert pauses and max(pauses) <= 2 / 2, pauses
+
+
+def _silent_store(url: str, after: float) -> FallbackPoolStore:
+    settings = ShardSettings.from_settings({
+        "PROXY_SHARD_REDIS_URL": url, "PROXY_SHARD_HOST_ID": "host-a", "PROXY_SHARD_HOSTS": ["host-a"],
+        "PROXY_SHARD_FALLBACK_AFTER": after, "PROXY_SHARD_FALLBACK_WARMUP": 0,
+    })
+    client = redis.asyncio.Redis.from_url(url, decode_responses=True, socket_timeout=0.3,
+                                          retry=Retry(NoBackoff(), 0))
+    return FallbackPoolStore(AsyncPoolStore(client, host_id="host-a", url_for_errors=url), settings)
+
+
+def test_a_stalled_redis_is_waited_out_not_fallen_back_from(redis_binary):
+    """A stall times out only the calls in flight: hosts that sent nothing keep using Redis after it.
+    A host that fell back at once would use its slice locally while they lease the same proxies, so a
+    timeout makes requests wait until PROXY_SHARD_FALLBACK_AFTER; with 0 the host falls back at once.
+    Lease calls lost in the stall are settled when Redis answers again, concurrent callers included."""
+    server = RedisServer(binary=redis_binary.path).start()
+    try:
+        admin = PoolStore(redis.Redis.from_url(server.url, decode_responses=True))
+        admin.add_proxies("default", PROXIES[:2])
+
+        async def scenario(after: float) -> tuple[list, str]:
+            store = _silent_store(server.url, after)
+            await store.release(await store.lease("default", "a.example", ttl=30))  # snapshot taken
+            sleeper = redis.asyncio.Redis.from_url(server.url)
+            stall = asyncio.ensure_future(sleeper.execute_command("DEBUG", "SLEEP", 1.2))
+            await asyncio.sleep(0.05)
+            answers = await asyncio.gather(*(store.lease("default", "a.example", ttl=30) for _ in range(2)))
+            state = store.state
+            await stall
+            await sleeper.aclose()
+            if state == "redis":  # Redis answers again: both lost lease calls are settled, once each
+                await store.pool_size("default")
+                await asyncio.gather(store.ping(), store.ping())
+            await store.aclose()
+            return answers, state
+
+        answers, state = asyncio.run(scenario(after=30))
+        assert state == "redis" and all(isinstance(a, LeaseWait) for a in answers)
+        assert admin.pool_status("default", "a.example").held == 0  # nothing left held for nobody
+        answers, state = asyncio.run(scenario(after=0))
+        assert state == "fallback" and any(isinstance(a, Lease) for a in answers)
+    finally:
+        server.stop()

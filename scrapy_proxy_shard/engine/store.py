@@ -237,6 +237,7 @@ class _StoreBase:
         #: Lease calls whose reply was lost (timeout, broken connection): token -> (pool prefix, site).
         #: The script may have run, or may still run; ``abandon.lua`` settles each at the next call.
         self._in_doubt: dict[str, tuple[str, str]] = {}
+        self._settling: set[str] = set()
         self._on_settled = on_settled
 
     def prefix(self, pool: str) -> str:
@@ -629,14 +630,20 @@ class _StoreBase:
     def _settle_plan(self) -> Plan:
         """Give back (or bar) every lease call in doubt; each one settled is forgotten."""
         for token, (prefix, site) in list(self._in_doubt.items()):
-            reply = yield _Script("abandon", (prefix,), (site, token))
-            del self._in_doubt[token]
-            if self._on_settled is not None:
+            if token in self._settling:  # another call (asyncio) is settling it right now
+                continue
+            self._settling.add(token)
+            try:
+                reply = yield _Script("abandon", (prefix,), (site, token))
+            finally:  # also when the call failed: the token stays in doubt for a later call
+                self._settling.discard(token)
+            if self._in_doubt.pop(token, None) is not None and self._on_settled is not None:
                 self._on_settled(str(reply[0]).lower())
 
     def _backend_error(self, exc: Exception) -> PoolBackendError:
         if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
-            return PoolUnreachable(f"cannot reach Redis at {self._where}: {exc}")
+            return PoolUnreachable(f"cannot reach Redis at {self._where}: {exc}",
+                                   timed_out=isinstance(exc, redis.TimeoutError))
         return PoolBackendError(f"Redis at {self._where} answered with an error: {exc}")
 
 

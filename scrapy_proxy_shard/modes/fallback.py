@@ -49,6 +49,8 @@ STATS = "proxy_shard/fallback"
 PROBE_MIN, PROBE_MAX = 0.5, 5.0
 #: How long a request whose host holds no proxy of its pool in fallback waits before asking again.
 EMPTY_SLICE_WAIT = 1.0
+#: Pause before asking a silent (timed-out) Redis again, while PROXY_SHARD_FALLBACK_AFTER runs.
+SILENT_RETRY = 0.2
 WARMUP = "fallback_warmup"
 
 
@@ -96,6 +98,7 @@ class FallbackPoolStore(PoolBackend):
         self._site_concurrency: dict[tuple[str, str], int] = {}
         self._entering: asyncio.Future | None = None
         self._snapshot_at: dict[str, float] = {}
+        self._silent_since: float | None = None  # first timeout of the current silence of Redis
 
     # --- the PoolBackend interface -----------------------------------------------------------------
     @property
@@ -175,9 +178,13 @@ class FallbackPoolStore(PoolBackend):
         if self.state == "redis":
             try:
                 await self._refresh_snapshot(pool)
-                return await self.primary.lease(pool, site, ttl=ttl, concurrency=concurrency,
-                                                session_id=session_id, session_ttl=session_ttl)
+                result = await self.primary.lease(pool, site, ttl=ttl, concurrency=concurrency,
+                                                  session_id=session_id, session_ttl=session_ttl)
+                self._silent_since = None
+                return result
             except PoolUnreachable as exc:
+                if not self._gives_up_on_redis(exc):
+                    return LeaseWait(SILENT_RETRY, "held")  # wait and ask Redis again
                 await self._enter_fallback(exc)
         if self.state == "grace" and self.clock() >= self._grace_until:
             self._leave_fallback()
@@ -190,6 +197,8 @@ class FallbackPoolStore(PoolBackend):
             try:
                 return await self.primary.wait_for_release(pool, site, timeout)
             except PoolUnreachable as exc:
+                if not self._gives_up_on_redis(exc):
+                    return True  # ask Redis again (the lease call waits out its own timeout)
                 await self._enter_fallback(exc)
                 return True  # retry at once, locally
         return await self._ensure_local().wait_for_release(pool, site, timeout)
@@ -208,12 +217,17 @@ class FallbackPoolStore(PoolBackend):
             return result
         try:
             result = await self.primary.release(lease, **how)
+            self._silent_since = None
             if result.ban_until:  # known at once to this host's fallback, not a snapshot later
                 self.snapshot.bans.setdefault(lease.pool, []).append(BanRecord(
                     lease.proxy_id, "*" if outcome == "dead" else lease.site, result.ban_until,
                     result.strikes, reason or "ban", result.now))
             return result
         except PoolUnreachable as exc:
+            if not self._gives_up_on_redis(exc):
+                # Redis is silent, maybe stalled: the release may still run; if not, the lease runs
+                # out by itself. A ban verdict is lost unless Redis gets the release.
+                return ReleaseResult("lost", time.time())
             await self._enter_fallback(exc)
             # The Redis lease runs out by itself; a ban verdict is kept locally and replayed later.
             if outcome in ("ban", "dead") and self.local is not None:
@@ -276,6 +290,27 @@ class FallbackPoolStore(PoolBackend):
         return [p for pid, p in proxies.items() if pid in mine]
 
     # --- switching -------------------------------------------------------------------------------
+    def _gives_up_on_redis(self, exc: PoolUnreachable) -> bool:
+        """Whether this failure switches the host to its local slice.
+
+        A refused or lost connection: yes, Redis is down for every host. A timeout: only once Redis
+        has stayed silent ``PROXY_SHARD_FALLBACK_AFTER`` seconds. A stall (a slow script, a fork, DEBUG
+        SLEEP) times out only the calls that were in flight; hosts that sent nothing meanwhile keep
+        leasing from Redis afterwards, so a host that fell back at once would use its slice locally
+        while they lease the same proxies from Redis (the fault-injection test saw that overlap).
+        """
+        if self.state != "redis" or not exc.timed_out:
+            return True
+        now = self.clock()
+        if self._silent_since is None:
+            self._silent_since = now
+            logger.warning("proxy_shard: Redis does not answer (%(e)s); waiting up to %(s)gs before "
+                           "falling back (PROXY_SHARD_FALLBACK_AFTER)", {"e": exc, "s": self.settings.fallback_after})
+        if now - self._silent_since < self.settings.fallback_after:
+            self._inc("silent_waits")
+            return False
+        return True
+
     async def _enter_fallback(self, exc: BaseException) -> None:
         """Switch to the local slice once; concurrent callers wait until it is ready, so no
         request leases locally before the warm-up quarantines are in place."""
