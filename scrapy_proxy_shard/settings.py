@@ -67,7 +67,9 @@ DEFAULTS: dict[str, Any] = {
     "PROXY_SHARD_LEASE_TTL": None,  # default max(60, DOWNLOAD_TIMEOUT + 30) seconds
     "PROXY_SHARD_MAX_WAIT": 60.0,
     "PROXY_SHARD_SITE_CONCURRENCY": 1,
-    "PROXY_SHARD_MIN_INTERVAL": 1.0,
+    "PROXY_SHARD_MIN_INTERVAL": 1.0,  # start-to-start, per IP, site and slot
+    "PROXY_SHARD_REST_AFTER_RESPONSE": 0.0,
+    "PROXY_SHARD_RANDOMIZE_INTERVAL": False,
     "PROXY_SHARD_SESSION_TTL": 600.0,
     "PROXY_SHARD_SITES": {},
     "PROXY_SHARD_SITE_GROUPS": {},
@@ -110,7 +112,7 @@ MODES = ("auto", "redis", "embedded", "static")
 EVICTION_CHOICES = ("refuse", "warn")
 
 #: Options of a ``PROXY_SHARD_SITES`` entry: pacing for the lease engine, content rules for the policy.
-SITE_PACING_OPTIONS = ("concurrency", "min_interval")
+SITE_PACING_OPTIONS = ("concurrency", "min_interval", "rest_after_response", "randomize_interval")
 SITE_POLICY_OPTIONS = ("required_css", "min_body_size", "min_body_ratio", "ban_codes", "challenge_patterns")
 SITE_OPTIONS = SITE_PACING_OPTIONS + SITE_POLICY_OPTIONS
 #: Old per-site option names still accepted (with a deprecation warning): old name -> new name.
@@ -130,10 +132,14 @@ MAX_PERIOD = 3600.0  # heartbeat, snapshot, fallback grace and warm-up
 
 @dataclass(frozen=True)
 class SiteOptions:
-    """Per-site pacing: slots per proxy on the site, and rest between two uses of one slot."""
+    """Per-site pacing: slots per proxy on the site; the least gap between two request starts on one
+    slot (start-to-start, what a site's rate limit counts); an optional pause after each response; and
+    whether each release draws its interval from [0.5, 1.5) x ``min_interval``."""
 
     concurrency: int
     min_interval: float
+    rest_after_response: float = 0.0
+    randomize_interval: bool = False
 
 
 @dataclass(frozen=True)
@@ -226,6 +232,8 @@ class ShardSettings:
     max_wait: float
     site_concurrency: int
     min_interval: float
+    rest_after_response: float
+    randomize_interval: bool
     session_ttl: float
     sites: Mapping[str, SiteOptions]
     site_groups: Mapping[str, tuple[str, ...]]
@@ -288,7 +296,13 @@ class ShardSettings:
         if not isinstance(host_id, str) or not host_id.strip() or "|" in host_id:
             raise SettingError(f"PROXY_SHARD_HOST_ID ({host_id!r}) must be a non-empty string without '|'")
         min_interval = _number(get, "PROXY_SHARD_MIN_INTERVAL", minimum=0.0, maximum=MAX_INTERVAL)
-        concurrency = _integer(get, "PROXY_SHARD_SITE_CONCURRENCY", minimum=1, maximum=MAX_CONCURRENCY)
+        pacing = SiteOptions(
+            concurrency=_integer(get, "PROXY_SHARD_SITE_CONCURRENCY", minimum=1, maximum=MAX_CONCURRENCY),
+            min_interval=min_interval,
+            rest_after_response=_number(get, "PROXY_SHARD_REST_AFTER_RESPONSE", minimum=0.0, maximum=MAX_INTERVAL),
+            randomize_interval=_boolean(s, "PROXY_SHARD_RANDOMIZE_INTERVAL"),
+        )
+        concurrency = pacing.concurrency
         session_ttl = _number(get, "PROXY_SHARD_SESSION_TTL", minimum=0.001, maximum=MAX_SESSION_TTL)
         bans = BanOptions(
             ttl=_number(get, "PROXY_SHARD_BAN_TTL", minimum=0.001, maximum=MAX_BAN_TTL),
@@ -314,8 +328,10 @@ class ShardSettings:
             max_wait=_number(get, "PROXY_SHARD_MAX_WAIT", minimum=0.0, maximum=MAX_WAIT),
             site_concurrency=concurrency,
             min_interval=min_interval,
+            rest_after_response=pacing.rest_after_response,
+            randomize_interval=pacing.randomize_interval,
             session_ttl=session_ttl,
-            sites=_sites(site_entries, concurrency, min_interval),
+            sites=_sites(site_entries, pacing),
             site_groups=_site_groups(s),
             bans=bans,
             latency_ewma_alpha=_number(get, "PROXY_SHARD_LATENCY_EWMA_ALPHA", minimum=0.001, maximum=1.0),
@@ -344,7 +360,8 @@ class ShardSettings:
 
     def site_options(self, site: str) -> SiteOptions:
         """Pacing for a site key (a registrable domain or a site group)."""
-        return self.sites.get(site) or SiteOptions(self.site_concurrency, self.min_interval)
+        return self.sites.get(site) or SiteOptions(self.site_concurrency, self.min_interval,
+                                                   self.rest_after_response, self.randomize_interval)
 
 
 @functools.cache
@@ -410,12 +427,13 @@ def _integer(get, name: str, default: Any = None, *, minimum: int | None = None,
     return value
 
 
-def _boolean(settings: BaseSettings, name: str) -> bool:
-    """Scrapy's ``getbool`` (True/False, 1/0, "True"/"False"/"1"/"0"), its errors naming the setting."""
+def _boolean(settings: BaseSettings, name: str, *, label: str | None = None) -> bool:
+    """Scrapy's ``getbool`` (True/False, 1/0, "True"/"False"/"1"/"0"), its errors naming the setting
+    (``label`` names it when ``name`` is only a key of a throw-away Settings, e.g. a per-site option)."""
     try:
-        return settings.getbool(name, DEFAULTS[name])
+        return settings.getbool(name, DEFAULTS.get(name))
     except (TypeError, ValueError):
-        raise SettingError(f"{name} ({settings.get(name)!r}) must be True or False") from None
+        raise SettingError(f"{label or name} ({settings.get(name)!r}) must be True or False") from None
 
 
 def _mapping(settings: BaseSettings, name: str) -> dict:
@@ -473,17 +491,24 @@ def _site_entries(settings: BaseSettings) -> list[tuple[str, str, dict[str, Any]
     return out
 
 
-def _sites(entries: list[tuple[str, str, dict[str, Any]]], concurrency: int,
-           min_interval: float) -> dict[str, SiteOptions]:
-    """Pacing of each site, the global values where a site sets none."""
+def _sites(entries: list[tuple[str, str, dict[str, Any]]], pacing: SiteOptions) -> dict[str, SiteOptions]:
+    """Pacing of each site, the global values (``pacing``) where a site sets none."""
     out: dict[str, SiteOptions] = {}
     for key, label, options in entries:
         def site_get(name: str, default: Any = None, _options=options) -> Any:
             return _options.get(name.rsplit(".", 1)[-1], default)
 
-        c = _integer(site_get, f"{label}.concurrency", concurrency, minimum=1, maximum=MAX_CONCURRENCY)
-        i = _number(site_get, f"{label}.min_interval", min_interval, minimum=0.0, maximum=MAX_INTERVAL)
-        out[key] = SiteOptions(c, i)
+        randomize = pacing.randomize_interval
+        if "randomize_interval" in options:
+            randomize = _boolean(BaseSettings({"r": options["randomize_interval"]}), "r",
+                                 label=f"{label}.randomize_interval")
+        out[key] = SiteOptions(
+            _integer(site_get, f"{label}.concurrency", pacing.concurrency, minimum=1, maximum=MAX_CONCURRENCY),
+            _number(site_get, f"{label}.min_interval", pacing.min_interval, minimum=0.0, maximum=MAX_INTERVAL),
+            _number(site_get, f"{label}.rest_after_response", pacing.rest_after_response, minimum=0.0,
+                    maximum=MAX_INTERVAL),
+            randomize,
+        )
     return out
 
 

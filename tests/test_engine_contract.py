@@ -361,15 +361,129 @@ def test_a_release_wakes_a_waiter_blocked_on_the_site(store):
     assert lease_ok(store).proxy_id == lease.proxy_id
 
 
-def test_min_interval_is_rest_after_release_so_path_delays_cannot_shrink_the_gap(store, clock):
-    """Pacing counts from the release (after the response came back), not from the lease: a request
-    that spent long in transit then cannot be followed by one that reaches the site too soon."""
+# --- pacing law: a released slot is free at max(lease start + interval, release + rest) -------------------
+
+def _wait_after(store, clock, *, latency, site="a.example", session_id=None, **pacing):
+    """Lease, hold the slot ``latency`` seconds (the download), release with ``pacing``; return the
+    lease and the wait the next lease on the slot (or the session) is told."""
+    lease = lease_ok(store, site, session_id=session_id)
+    clock.sleep(latency)
+    store.release(lease, **pacing)
+    wait = store.lease(POOL, site, ttl=5, session_id=session_id)
+    return lease, wait
+
+
+def test_min_interval_counts_from_the_start_of_the_previous_request(store, clock):
+    """Start-to-start: a slot leased at t and released at t + 0.2 (the download) with a 0.3 s interval
+    is free at t + 0.3, not t + 0.5 (the old rest-after-response law would answer a 0.3 s wait)."""
+    store.add_proxies(POOL, URLS[:1])
+    first, wait = _wait_after(store, clock, latency=0.2, min_interval=0.3)
+    assert isinstance(wait, LeaseWait) and wait.reason == "pool"
+    assert 0.0 < wait.wait <= 0.1 + 1e-6
+    clock.sleep(wait.wait + 0.005)
+    second = lease_ok(store)
+    assert second.proxy_id == first.proxy_id
+    assert 0.3 <= second.issued_at - first.issued_at < 0.45  # the site sees starts ~interval apart
+
+
+def test_a_download_longer_than_the_interval_frees_the_slot_at_its_release(store, clock):
+    store.add_proxies(POOL, URLS[:1])
+    first, again = _wait_after(store, clock, latency=0.35, min_interval=0.3)
+    assert isinstance(again, Lease) and again.proxy_id == first.proxy_id
+
+
+@pytest.mark.parametrize(("latency", "interval", "rest", "low", "high"), [
+    (0.0, 0.0, 0.25, 0.2, 0.25),   # rest after response only (the old meaning of MIN_INTERVAL)
+    (0.2, 0.3, 0.25, 0.2, 0.25),   # both: the rest ends later than start + interval
+    (0.2, 0.3, 0.05, 0.05, 0.1),   # both: start + interval ends later than the rest
+])
+def test_rest_after_response_is_counted_from_the_release(store, clock, latency, interval, rest, low, high):
+    store.add_proxies(POOL, URLS[:1])
+    _, wait = _wait_after(store, clock, latency=latency, min_interval=interval, rest_after_response=rest)
+    assert isinstance(wait, LeaseWait) and wait.reason == "pool"
+    assert low < wait.wait <= high + 1e-6
+
+
+@pytest.mark.parametrize(("draw", "low", "high"), [(0.0, 0.15, 0.2), (0.5, 0.35, 0.4), (0.999, 0.55, 0.6)])
+def test_randomized_interval_is_drawn_within_half_to_one_and_a_half(make_store, clock, draw, low, high):
+    store = make_store(random_source=lambda: draw)
+    store.add_proxies(POOL, URLS[:1])
+    _, wait = _wait_after(store, clock, latency=0.0, min_interval=0.4, randomize_interval=True)
+    assert isinstance(wait, LeaseWait) and low < wait.wait <= high + 1e-6
+
+
+def test_interval_is_not_randomized_unless_asked(make_store, clock):
+    store = make_store(random_source=lambda: 0.0)
+    store.add_proxies(POOL, URLS[:1])
+    _, wait = _wait_after(store, clock, latency=0.0, min_interval=0.4)
+    assert isinstance(wait, LeaseWait) and 0.35 < wait.wait <= 0.4
+
+
+def test_each_slot_is_paced_on_its_own(store, clock):
+    """With site concurrency 2 the interval applies per slot: a second slot of the same proxy is free
+    while the first one paces."""
+    store.add_proxies(POOL, URLS[:1])
+    first = lease_ok(store, concurrency=2)
+    store.release(first, min_interval=0.3)
+    second = lease_ok(store, concurrency=2)
+    assert second.proxy_id == first.proxy_id and second.member != first.member
+    wait = store.lease(POOL, "a.example", ttl=5, concurrency=2)
+    assert isinstance(wait, LeaseWait) and wait.reason == "pool" and 0.25 < wait.wait <= 0.3  # the first slot
+
+
+def test_session_uses_are_paced_start_to_start_with_rest(pool, clock):
+    first, wait = _wait_after(pool, clock, latency=0.2, session_id="s1", min_interval=0.3)
+    assert isinstance(wait, LeaseWait) and wait.reason == "session" and 0.0 < wait.wait <= 0.1 + 1e-6
+    clock.sleep(wait.wait + 0.005)
+    second = lease_ok(pool, session_id="s1")
+    assert second.proxy_id == first.proxy_id and second.issued_at - first.issued_at >= 0.3
+    clock.sleep(0.2)
+    pool.release(second, min_interval=0.3, rest_after_response=0.25)
+    wait = pool.lease(POOL, "a.example", ttl=5, session_id="s1")
+    assert isinstance(wait, LeaseWait) and 0.2 < wait.wait <= 0.25 + 1e-6
+
+
+def test_ended_session_gives_its_proxy_back_when_its_pacing_ends(store, clock):
+    store.add_proxies(POOL, URLS[:1])
+    session = lease_ok(store, session_id="s1")
+    clock.sleep(0.2)
+    store.release(session, min_interval=0.3)
+    assert store.end_session(POOL, "a.example", "s1", min_interval=5.0) is True  # released: its pacing counts
+    wait = store.lease(POOL, "a.example", ttl=5)
+    assert isinstance(wait, LeaseWait) and 0.0 < wait.wait <= 0.1 + 1e-6
+    clock.sleep(wait.wait + 0.005)
+    in_flight = lease_ok(store, session_id="s2")
+    clock.sleep(0.1)
+    assert store.end_session(POOL, "a.example", "s2", min_interval=0.3) is True  # in flight: start + interval
+    wait = store.lease(POOL, "a.example", ttl=5)
+    assert isinstance(wait, LeaseWait) and 0.1 < wait.wait <= 0.2 + 1e-6
+    assert in_flight.proxy_id == session.proxy_id
+
+
+@pytest.mark.parametrize("rest", ["-1", "nan", str(10**12), ""])
+def test_release_refuses_a_bad_rest_before_any_write(store, backend, rest):
+    import redis
+
+    from scrapy_proxy_shard.engine.scripts import register_all
+
     store.add_proxies(POOL, URLS[:1])
     lease = lease_ok(store)
-    clock.sleep(0.2)  # a download that took 0.2 s
-    store.release(lease, min_interval=0.3)
+    args = ("a.example", lease.member, lease.token, "ok", 10, 300, "host-a", "", 600000, "ok",
+            1000, 2000, "0", 1000, "0.2", rest)
+    with pytest.raises(redis.ResponseError, match="rest after response ms"):
+        register_all(backend)["release"](keys=(store.prefix(POOL),), args=args)
+    assert isinstance(store.lease(POOL, "a.example", ttl=5), LeaseWait)  # still held: nothing was written
+    assert store.release(lease, min_interval=0.0).status == "ok"  # and the token was not memoised
+    with pytest.raises(ValueError, match="rest_after_response"):
+        store.release(lease, rest_after_response=float("inf"))
+
+
+def test_a_quarantine_outlasts_the_pacing(store, clock):
+    store.add_proxies(POOL, URLS[:1])
+    lease = lease_ok(store)
+    result = store.release(lease, outcome="ban", reason="http_429", min_interval=0.01)
     wait = store.lease(POOL, "a.example", ttl=5)
-    assert isinstance(wait, LeaseWait) and 0.25 < wait.wait <= 0.3
+    assert isinstance(wait, LeaseWait) and wait.wait > 0.2 and result.ban_until - result.now > 0.2
 
 
 def test_hold_adopts_a_named_free_slot_only(store):

@@ -158,6 +158,38 @@ def test_waits_exactly_the_pacing_interval_and_counts_it():
     assert h.stat("waits") == 1 and 0.25 <= h.stat("wait_time") < 0.6
 
 
+def test_per_site_pacing_options_reach_the_release():
+    """PROXY_SHARD_SITES' rest_after_response and randomize_interval are what the release applies: the
+    site that sets a rest waits it after the response, another site with the global values does not."""
+    h = Harness({"PROXY_SHARD_SITES": {"shop.example": {"rest_after_response": 0.3, "randomize_interval": True}}},
+                proxies=PROXIES[:1])
+    asked = []
+    release = h.runtime.store.release
+
+    async def spy(lease, **how):
+        asked.append((lease.site, how["min_interval"], how["rest_after_response"], how["randomize_interval"]))
+        return await release(lease, **how)
+
+    h.runtime.store.release = spy
+
+    async def timed_second(site):
+        first = Request(f"http://{site}/1")
+        await h.lease_mw.process_request(first)
+        await asyncio.sleep(0.1)  # the download; a rest counts from the response, not the start
+        await h.respond(first)
+        started = time.monotonic()
+        await h.lease_mw.process_request(Request(f"http://{site}/2"))
+        return time.monotonic() - started
+
+    async def scenario():
+        await h.open()
+        return await timed_second("shop.example"), await timed_second("other.example")
+
+    rested, free = run(scenario())
+    assert 0.25 <= rested < 0.6 and free < 0.2
+    assert asked[0] == ("shop.example", 0.0, 0.3, True) and asked[-1] == ("other.example", 0.0, 0.0, False)
+
+
 def test_a_release_wakes_a_request_waiting_for_a_held_proxy():
     h = Harness({"PROXY_SHARD_LEASE_TTL": 30}, proxies=PROXIES[:1])
 

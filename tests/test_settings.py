@@ -45,6 +45,13 @@ def test_redis_url_falls_back_to_scrapy_redis_setting():
         ("PROXY_SHARD_SITES", {"a.example": {"concurrency": "x"}}, r"PROXY_SHARD_SITES\['a.example'\].concurrency"),
         ("PROXY_SHARD_SITE_GROUPS", {"g": []}, r"PROXY_SHARD_SITE_GROUPS\['g'\] .* non-empty list"),
         ("PROXY_SHARD_HOST_ID", "a|b", r"PROXY_SHARD_HOST_ID"),
+        ("PROXY_SHARD_REST_AFTER_RESPONSE", -0.5, r"PROXY_SHARD_REST_AFTER_RESPONSE \(-0.5\) must be >= 0"),
+        ("PROXY_SHARD_REST_AFTER_RESPONSE", 1e10, r"PROXY_SHARD_REST_AFTER_RESPONSE \(10000000000.0\) must be <="),
+        ("PROXY_SHARD_RANDOMIZE_INTERVAL", "often", r"PROXY_SHARD_RANDOMIZE_INTERVAL \('often'\) must be True or"),
+        ("PROXY_SHARD_SITES", {"a.example": {"rest_after_response": "x"}},
+         r"PROXY_SHARD_SITES\['a.example'\].rest_after_response \('x'\) must be a number"),
+        ("PROXY_SHARD_SITES", {"a.example": {"randomize_interval": "sometimes"}},
+         r"PROXY_SHARD_SITES\['a.example'\].randomize_interval \('sometimes'\) must be True or False"),
     ],
 )
 def test_bad_values_name_the_setting_and_value(name, value, message):
@@ -60,6 +67,16 @@ def test_ban_cap_must_not_be_below_base():
 def test_per_site_options_use_registrable_domain():
     s = parse(PROXY_SHARD_SITES={"www.shop.example.co.uk": {"concurrency": 2, "min_interval": 0.5}})
     assert s.site_options("example.co.uk") == SiteOptions(2, 0.5)
+
+
+def test_pacing_options_default_globally_and_per_site():
+    s = parse(PROXY_SHARD_MIN_INTERVAL=2, PROXY_SHARD_REST_AFTER_RESPONSE=0.5, PROXY_SHARD_RANDOMIZE_INTERVAL="True",
+              PROXY_SHARD_SITES={"a.example": {"rest_after_response": 0, "randomize_interval": False},
+                                 "b.example": {"min_interval": 0.25}})
+    assert s.site_options("other.example") == SiteOptions(1, 2.0, 0.5, True)
+    assert s.site_options("a.example") == SiteOptions(1, 2.0, 0.0, False)
+    assert s.site_options("b.example") == SiteOptions(1, 0.25, 0.5, True)  # unset options: the global ones
+    assert parse().site_options("x.example") == SiteOptions(1, 1.0, 0.0, False)
 
 
 def test_redis_connection_settings():

@@ -252,7 +252,7 @@ class ShardRuntime:
         released = 0
         for lease in leases:
             try:
-                await self.store.release(lease, outcome="unknown", min_interval=self._interval(lease.site),
+                await self.store.release(lease, outcome="unknown", **self._pacing(lease.site),
                                          session_ttl=self.settings.session_ttl)
                 released += 1
             except PoolBackendError as exc:
@@ -293,8 +293,11 @@ class ShardRuntime:
         platform = platform_of(site_of_request(request), self.settings.platforms) if self.settings.platforms else None
         return platform_pool(pool, platform) if platform else pool
 
-    def _interval(self, site: str) -> float:
-        return self.settings.site_options(site).min_interval
+    def _pacing(self, site: str) -> dict[str, Any]:
+        """The site's pacing as ``release`` keywords (the store applies the law and the randomization)."""
+        o = self.settings.site_options(site)
+        return {"min_interval": o.min_interval, "rest_after_response": o.rest_after_response,
+                "randomize_interval": o.randomize_interval}
 
     # --- leasing -------------------------------------------------------------------------------
     def lease_of(self, request: Request) -> Lease | None:
@@ -500,18 +503,22 @@ class ShardRuntime:
     async def _wait(self, pool: str, site: str, wait: LeaseWait, remaining: float) -> None:
         """Wait as long as the engine said, waking early only when that can help.
 
-        The reported wait is exact when the earliest slot is resting or quarantined, and only an upper
-        bound when it is held (its holder usually releases long before the lease expires). A slot
-        released now rests ``min_interval`` before it is free, so when the reported wait is no longer
-        than that, nothing can free sooner: sleep exactly (locally: Redis checks blocking timeouts only
-        ``hz`` times a second). Otherwise block on the site's freed list, which a release on any host
+        The reported wait is exact when the earliest slot is pacing or quarantined, and only an upper
+        bound when it is held (its holder usually releases long before the lease expires). A pacing
+        wait (no longer than the longest pacing a release sets: the interval, x1.5 when randomized,
+        or the rest after response) is slept exactly (locally: Redis checks blocking timeouts only
+        ``hz`` times a second, up to 100 ms late, which would eat the pacing gain). Under
+        start-to-start pacing a slot released meanwhile is free at its own start + interval, so it
+        can beat the pacing slot only if it started earlier (a slow download) and by no more than
+        the gap between the two starts; within ``rest_after_response`` nothing can beat it at all.
+        Longer waits (a quarantine) block on the site's freed list, which a release on any host
         wakes, with the reported wait as timeout. A session waits for its own proxy: a plain sleep.
         Any pause lasts at least MIN_PAUSE, whatever the engine answered (never a busy loop).
         """
         pause = max(MIN_PAUSE, min(wait.wait, remaining))
-        exact = wait.reason == "session" or (
-            wait.reason == "pool" and wait.wait <= self.settings.site_options(site).min_interval
-        )
+        o = self.settings.site_options(site)
+        longest_pacing = max(o.min_interval * (1.5 if o.randomize_interval else 1.0), o.rest_after_response)
+        exact = wait.reason == "session" or (wait.reason == "pool" and wait.wait <= longest_pacing)
         if exact:
             await asyncio.sleep(pause)
         else:
@@ -527,7 +534,7 @@ class ShardRuntime:
         latency = asyncio.get_running_loop().time() - entry.started if outcome == "ok" else None
         try:
             result = await self.store.release(
-                lease, outcome=outcome, latency=latency, min_interval=self._interval(lease.site),
+                lease, outcome=outcome, latency=latency, **self._pacing(lease.site),
                 reason=reason, session_ttl=self.settings.session_ttl,
             )
         except PoolBackendError as exc:
@@ -550,7 +557,7 @@ class ShardRuntime:
             )
         if lease.session_id and request.meta.get("proxy_shard_end_session"):
             await self.store.end_session(lease.pool, lease.site, lease.session_id,
-                                         min_interval=self._interval(lease.site))
+                                         min_interval=self.settings.site_options(lease.site).min_interval)
         return result
 
 

@@ -290,21 +290,33 @@ class _StoreBase:
 
     def release(self, lease: Lease, *, outcome: str = "ok", latency: float | None = None,
                 min_interval: float = 0.0, reason: str | None = None,
-                session_ttl: float = 600.0, ban_ttl: float | None = None):
-        """Give a slot back with the request's outcome; ``ban``/``dead`` quarantine the proxy."""
-        return self._drive(self._release(lease, outcome, latency, min_interval, reason,
-                                         session_ttl, ban_ttl))
+                session_ttl: float = 600.0, ban_ttl: float | None = None,
+                rest_after_response: float = 0.0, randomize_interval: bool = False):
+        """Give a slot back with the request's outcome; ``ban``/``dead`` quarantine the proxy.
 
-    def _release(self, lease, outcome, latency, min_interval, reason, session_ttl, ban_ttl) -> Plan:
+        Pacing (on the Redis clock): the slot is free again at the later of the lease's start +
+        ``min_interval`` (two starts through one IP on the site at least that far apart, what a
+        site's rate limit counts) and now + ``rest_after_response``. ``randomize_interval`` draws
+        this release's interval from [0.5, 1.5) x ``min_interval`` (RANDOMIZE_DOWNLOAD_DELAY's
+        band), so starts do not look machine-timed.
+        """
+        return self._drive(self._release(lease, outcome, latency, min_interval, reason,
+                                         session_ttl, ban_ttl, rest_after_response, randomize_interval))
+
+    def _release(self, lease, outcome, latency, min_interval, reason, session_ttl, ban_ttl,
+                 rest_after_response=0.0, randomize_interval=False) -> Plan:
         if outcome not in OUTCOMES:
             raise ValueError(f"outcome must be one of {OUTCOMES}, got {outcome!r}")
         ban_args = self._ban_args(outcome == "dead", ban_ttl)
+        interval = _ms(min_interval, "min_interval")
+        if randomize_interval:
+            interval = round(interval * (0.5 + self._random()))  # [0.5, 1.5) x, like Scrapy's
         reply = yield _Script("release", (self.prefix(lease.pool),), (
             lease.site, lease.member, lease.token, outcome,
             -1 if latency is None else max(0, round(latency * 1000)),
-            _ms(min_interval), self.host_id, lease.session_id or "",
+            interval, self.host_id, lease.session_id or "",
             _ms(max(session_ttl, 0.001)), _reason(reason or outcome), *ban_args,
-            repr(float(self.ewma_alpha)),
+            repr(float(self.ewma_alpha)), _ms(rest_after_response, "rest_after_response"),
         ))
         until = int(reply[2])
         return ReleaseResult(reply[0].lower(), int(reply[1]) / 1000,
@@ -332,7 +344,9 @@ class _StoreBase:
         return None
 
     def end_session(self, pool: str, site: str, session_id: str, *, min_interval: float = 0.0):
-        """End a sticky session now; its proxy goes back to the site after ``min_interval``."""
+        """End a sticky session now; its proxy goes back to the site when its last use's pacing
+        (computed at that use's release) ends, or at that use's start + ``min_interval`` if it is
+        still in flight."""
         return self._drive(self._end_session(pool, site, session_id, min_interval))
 
     def _end_session(self, pool, site, session_id, min_interval) -> Plan:
@@ -731,7 +745,10 @@ class PoolBackend(Protocol):
 
     async def release(self, lease: Lease, *, outcome: str = "ok", latency: float | None = None,
                       min_interval: float = 0.0, reason: str | None = None,
-                      session_ttl: float = 600.0, ban_ttl: float | None = None) -> ReleaseResult: ...
+                      session_ttl: float = 600.0, ban_ttl: float | None = None,
+                      rest_after_response: float = 0.0, randomize_interval: bool = False) -> ReleaseResult:
+        """Give a slot back: free again at max(lease start + min_interval, now + rest_after_response)."""
+        ...
 
     async def end_session(self, pool: str, site: str, session_id: str, *, min_interval: float = 0.0) -> bool: ...
 

@@ -275,13 +275,28 @@ local function slot_free_at(site, id, member, now)
   return at
 end
 
--- The ms from which a released slot may be used again: after the pacing interval, and not before
--- any quarantine of the proxy ends.
-local function next_free(site, id, now, interval_ms)
-  local t = now + interval_ms
-  local b = blocked_until(site, id)
-  if b > t then return b end
+-- The start (ms) of the use a lease key records ("token|host|issued_ms|session"), or nil.
+local function lease_start(value)
+  if not value then return nil end
+  return tonumber(string.match(value, '^[^|]*|[^|]*|(%d+)|'))
+end
+
+-- The pacing law (start-to-start, the gap a site's rate limit counts): a slot whose use started at
+-- `start` and was given back at `now` is free again at the later of start + interval (two starts at
+-- least `interval` apart) and now + rest (an optional pause after each response). An unknown start
+-- counts as now (the old rest-after-response law: never sooner than the site allows).
+local function paced_at(start, interval_ms, now, rest_ms)
+  local t = (start or now) + interval_ms
+  if now + rest_ms > t then t = now + rest_ms end
   return t
+end
+
+-- The ms from which a given-back slot may be used again: `at` (see paced_at), and not before any
+-- quarantine of the proxy ends.
+local function next_free(site, id, at)
+  local b = blocked_until(site, id)
+  if b > at then return b end
+  return at
 end
 
 -- Heartbeat keys (host_beat.lua, host_leave.lua, hosts.lua; see health.py).

@@ -42,7 +42,7 @@ if sid ~= '' then
   return settle('RELEASED')
 end
 redis.call('DEL', L)
-if redis.call('ZADD', ready_key(site), 'XX', 'CH', next_free(site, id, now, 0), member) == 1 then
+if redis.call('ZADD', ready_key(site), 'XX', 'CH', next_free(site, id, now), member) == 1 then
   announce_freed(site)
 end
 return settle('RELEASED')

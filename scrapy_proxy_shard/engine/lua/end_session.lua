@@ -1,6 +1,9 @@
 -- end_session.lua: end a sticky session now and give its proxy back to the site.
 -- KEYS[1]  pool prefix "{namespace:pool}"
--- ARGV[1]  site    ARGV[2]  session id    ARGV[3]  min interval, ms
+-- ARGV[1]  site    ARGV[2]  session id
+-- ARGV[3]  pacing interval, ms, for a use still in flight (its start + this); a session whose last
+--          use was released goes back at the `next` that release computed (start-to-start pacing,
+--          rest after response, randomization already applied)
 -- Replies:
 --   {"OK", ended}  ended 1 if a live session existed
 
@@ -13,10 +16,18 @@ local site, sid = ARGV[1], ARGV[2]
 local interval = tonumber(ARGV[3])
 local now = now_ms()
 local S = session_key(site, sid)
-local s = redis.call('HMGET', S, 'p', 'm')
+local s = redis.call('HMGET', S, 'p', 'm', 'busy', 'next')
 redis.call('DEL', S)
 if not s[1] or s[1] == '' then return {'OK', 0} end
-redis.call('DEL', lease_key(site, s[2]))
-redis.call('ZADD', ready_key(site), 'XX', next_free(site, s[1], now, interval), s[2])
+local L = lease_key(site, s[2])
+local at = now
+if tonumber(s[3]) == 0 then
+  at = tonumber(s[4]) or now
+  if at < now then at = now end
+else  -- a use is in flight (or its holder died): pace from its start
+  at = paced_at(lease_start(redis.call('GET', L)), interval, now, 0)
+end
+redis.call('DEL', L)
+redis.call('ZADD', ready_key(site), 'XX', next_free(site, s[1], at), s[2])
 announce_freed(site)
 return {'OK', 1}

@@ -7,7 +7,9 @@
 --          ("ban": quarantine on the site; "dead": proxy-wide quarantine, e.g. connection refused;
 --          "unknown": neither success nor failure, e.g. a 404: counted as a lease only)
 -- ARGV[5]  latency, ms (integer; -1 when unknown); feeds the proxy's EWMA latency on "ok"
--- ARGV[6]  min interval before the slot may be used again on this site, ms
+-- ARGV[6]  pacing interval, ms: the slot's next use on this site starts at least this long after
+--          the START of this use (start-to-start, the lease key's issued_ms on the Redis clock);
+--          already randomized by the caller when PROXY_SHARD_RANDOMIZE_INTERVAL is on
 -- ARGV[7]  host id of the caller
 -- ARGV[8]  session id, or ""
 -- ARGV[9]  session TTL, ms (sliding)
@@ -16,6 +18,8 @@
 -- ARGV[13] jitter as a fraction to add to the TTL (e.g. "-0.07"), chosen by the caller
 -- ARGV[14] strike window, ms: a ban within this long after the previous one ended escalates
 -- ARGV[15] EWMA weight of the new latency sample (e.g. "0.2")
+-- ARGV[16] rest after the response, ms: the slot's next use starts at least this long after now
+--          (the slot is free at max(start + ARGV[6], now + ARGV[16]), never before a quarantine ends)
 -- Replies:
 --   {"OK", now_ms, ban_until_ms, strikes}   released (ban fields 0 when no ban was applied)
 --   {"STALE", now_ms, ban_until_ms, strikes}   the lease had expired and someone else holds the slot
@@ -28,7 +32,8 @@
 local bad = check_strings({{1, 'site'}, {2, 'member'}, {3, 'token'}, {7, 'host'}, {8, 'session id', true}})
   or check_args({{5, 'latency ms', -1, MAX_MS}, {6, 'min interval ms', 0, MAX_MS},
     {9, 'session ttl ms', 1, MAX_MS}, {11, 'ban ttl ms', 1, MAX_MS}, {12, 'ban max ttl ms', 1, MAX_MS},
-    {13, 'jitter', -1, 1, true}, {14, 'strike window ms', 0, MAX_MS}, {15, 'ewma weight', 0, 1, true}})
+    {13, 'jitter', -1, 1, true}, {14, 'strike window ms', 0, MAX_MS}, {15, 'ewma weight', 0, 1, true},
+    {16, 'rest after response ms', 0, MAX_MS}})
 if bad then return redis.error_reply(bad) end
 if not id_of(ARGV[2]) then return redis.error_reply('ERR scrapy-proxy-shard: argument member must be <id>/<slot>') end
 local earlier = recall('release', ARGV[3])
@@ -37,6 +42,7 @@ if earlier then return earlier end
 local site, member, token, outcome = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local latency = tonumber(ARGV[5])
 local interval = tonumber(ARGV[6])
+local rest = tonumber(ARGV[16])
 local host, sid = ARGV[7], ARGV[8]
 local session_ttl = tonumber(ARGV[9])
 local now = now_ms()
@@ -53,7 +59,9 @@ if sid ~= '' then
   elseif s[1] ~= token then
     status = 'STALE'
   else
-    redis.call('HSET', S, 'busy', 0, 'next', now + interval)
+    -- The session's next use follows the same pacing law as a plain slot.
+    local start = lease_start(redis.call('GET', L))
+    redis.call('HSET', S, 'busy', 0, 'next', paced_at(start, interval, now, rest))
     redis.call('PEXPIRE', S, session_ttl)
     redis.call('PEXPIRE', L, session_ttl)
     local b = blocked_until(site, id)
@@ -69,7 +77,8 @@ else
     status = 'STALE'
   else
     redis.call('DEL', L)
-    if redis.call('ZADD', ready, 'XX', 'CH', next_free(site, id, now, interval), member) == 1 then
+    local at = next_free(site, id, paced_at(lease_start(v), interval, now, rest))
+    if redis.call('ZADD', ready, 'XX', 'CH', at, member) == 1 then
       announce_freed(site)
     end
   end
