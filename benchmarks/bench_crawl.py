@@ -843,7 +843,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--concurrency-b", type=int, default=16)
     p.add_argument("--healthy", type=int, default=10, help="healthy proxies in (b) (plus 1 dead)")
     p.add_argument("--burnt", type=int, default=2, help="healthy proxies each site has blacklisted already")
-    p.add_argument("--interval", type=float, default=0.25, help="PROXY_SHARD_MIN_INTERVAL in (b): start-to-start, so above --site-interval plus path-delay jitter")
+    p.add_argument("--interval", type=float, default=0.25,
+                   help="PROXY_SHARD_MIN_INTERVAL in (b): start-to-start, so above --site-interval plus jitter")
     p.add_argument("--latency", type=float, default=0.05, help="the strict site's latency in (b)")
     p.add_argument("--site-interval", type=float, default=0.2, help="the strict site's min interval in (b)")
     p.add_argument("--no-diagnose", dest="diagnose", action="store_false",
