@@ -8,7 +8,9 @@ The tree::
     ├── UnknownPoolError (KeyError)  the pool does not exist or holds no proxies
     ├── PoolBackendError             Redis answered with an error (names the Redis URL, password masked)
     │   └── PoolUnreachable          Redis cannot be reached: connection refused or lost, timeout
-    │                                (the fallback store switches to its local slice on this one only)
+    │       │                        (the fallback store switches to its local slice on this one only)
+    │       └── PoolBusy             Redis kept answering BUSY (a slow script) or LOADING (a restart
+    │                                loading its dataset) past the store's wait: a stall, not an outage
     ├── NoProxyAvailable             no proxy became free within the wait limit
     ├── InvalidSessionId (IgnoreRequest) meta['session_id'] is not a usable session id (that request
     │                                fails to its errback; it never shares a session by accident)
@@ -57,6 +59,22 @@ class PoolUnreachable(PoolBackendError):
     def __init__(self, message: str, *, timed_out: bool = False) -> None:
         super().__init__(message)
         self.timed_out = timed_out
+
+
+class PoolBusy(PoolUnreachable):
+    """Redis answered ``BUSY`` (another client's script runs past ``busy-reply-threshold``) or
+    ``LOADING`` (it is loading its dataset) on every attempt of a call for ``waited`` seconds.
+
+    The store waits those answers out with capped exponential backoff before raising this (neither
+    answer ran the command, so a retried lease script cannot lease twice). It is a *stall*
+    (``timed_out`` is True): the fallback store waits on up to ``PROXY_SHARD_FALLBACK_AFTER`` (counted
+    from the episode's first answer) before using its local slice, and the runtime keeps a request
+    waiting within ``PROXY_SHARD_MAX_WAIT``.
+    """
+
+    def __init__(self, message: str, *, waited: float = 0.0) -> None:
+        super().__init__(message, timed_out=True)
+        self.waited = waited
 
 
 class NoProxyAvailable(ProxyShardError):

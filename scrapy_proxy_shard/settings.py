@@ -106,6 +106,7 @@ DEFAULTS: dict[str, Any] = {
     "PROXY_SHARD_FALLBACK_AFTER": 10.0,
     "PROXY_SHARD_FALLBACK_WARMUP": 5.0,
     "PROXY_SHARD_SNAPSHOT_INTERVAL": 5.0,
+    "PROXY_SHARD_METRICS_TOP_SITES": 50,
 }
 
 MODES = ("auto", "redis", "embedded", "static")
@@ -264,6 +265,8 @@ class ShardSettings:
     fallback_after: float
     fallback_warmup: float
     snapshot_interval: float
+    #: Per pool, the sites the Prometheus exporter gives series of their own (the rest: site="_other").
+    metrics_top_sites: int
 
     ATTRIBUTE = "_proxy_shard_settings"
 
@@ -356,6 +359,7 @@ class ShardSettings:
             fallback_after=_number(get, "PROXY_SHARD_FALLBACK_AFTER", minimum=0.0, maximum=MAX_PERIOD),
             fallback_warmup=_number(get, "PROXY_SHARD_FALLBACK_WARMUP", minimum=0.0, maximum=MAX_PERIOD),
             snapshot_interval=_number(get, "PROXY_SHARD_SNAPSHOT_INTERVAL", minimum=0.1, maximum=MAX_PERIOD),
+            metrics_top_sites=_integer(get, "PROXY_SHARD_METRICS_TOP_SITES", minimum=1, maximum=100_000),
         )
 
     def site_options(self, site: str) -> SiteOptions:

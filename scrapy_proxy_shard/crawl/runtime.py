@@ -26,6 +26,7 @@ from scrapy_proxy_shard.engine.store import Lease, LeaseWait, PoolBackend, Relea
 from scrapy_proxy_shard.exceptions import (
     NoProxyAvailable,
     PoolBackendError,
+    PoolBusy,
     ProxyShardError,
     SettingError,
     UnknownPoolError,
@@ -45,6 +46,8 @@ LEASE_MARGIN = 2.0
 MIN_PAUSE = 0.05
 #: How often a waiting request checks whether the crawl is stopping (seconds).
 STOP_POLL = 0.2
+#: Pause before a request asks again after the store gave up waiting out BUSY / LOADING (seconds).
+BUSY_PAUSE = 0.2
 STATS = "proxy_shard"
 
 
@@ -350,6 +353,15 @@ class ShardRuntime:
                 if restored or not await self._restore_lost_pool(pool):
                     raise
                 restored = True
+                continue
+            except PoolBusy as exc:
+                # Redis answered BUSY / LOADING past the store's own retries (a store without the local
+                # fallback, which handles this itself): a stall, so the request waits on within MAX_WAIT.
+                if loop.time() >= deadline:
+                    self.stats.inc_value(f"{STATS}/wait/gave_up")
+                    raise NoProxyAvailable(f"no proxy of pool {pool!r} for site {site!r} within PROXY_SHARD_MAX_WAIT "
+                                           f"({s.max_wait:g}s): {exc}") from None
+                await self._until(asyncio.sleep(BUSY_PAUSE), deadline, pool, site)
                 continue
             if isinstance(result, Lease):
                 return result

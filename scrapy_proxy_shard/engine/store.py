@@ -7,15 +7,26 @@ blocking client (CLI, exporter, benchmarks); ``AsyncPoolStore`` runs the very sa
 ``lua/`` (one atomic round trip each); see ``lua/_lib.lua`` for the key layout.
 
 Times in this API are seconds (floats); the scripts work in integer milliseconds of the Redis clock.
+
+``BUSY`` (another client's script runs past ``busy-reply-threshold``) and ``LOADING`` (Redis is
+loading its dataset) answers are transient: the store sends the same request again after a capped
+exponential backoff with jitter (``BUSY_BASE`` doubling up to ``BUSY_CAP``), for up to ``busy_wait``
+seconds per call, then raises ``PoolBusy`` (a stall: the fallback store and the runtime wait on by
+their own rules). Neither answer ran the command, so a lease script sent again cannot lease twice
+(and the scripts memoise by token anyway). Every retry calls ``on_busy_retry``; an episode is logged
+once when it starts (WARNING) and once when Redis answers again (INFO).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+import logging
 import math
 import random
 import secrets
+import time
 from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -27,8 +38,9 @@ from scrapy_proxy_shard.engine import schema as keys
 from scrapy_proxy_shard.engine.bans import BanOptions
 from scrapy_proxy_shard.engine.proxies import Proxy, make_proxy, mask, parse_proxy, proxy_id
 from scrapy_proxy_shard.engine.scripts import register_all
-from scrapy_proxy_shard.exceptions import PoolBackendError, PoolUnreachable, UnknownPoolError
+from scrapy_proxy_shard.exceptions import PoolBackendError, PoolBusy, PoolUnreachable, UnknownPoolError
 
+logger = logging.getLogger(__name__)
 #: Lease calls in doubt kept at most (each is a slot that frees itself at its lease TTL anyway).
 MAX_IN_DOUBT = 10_000
 OUTCOMES = ("ok", "error", "ban", "dead", "unknown")
@@ -36,6 +48,12 @@ OUTCOMES = ("ok", "error", "ban", "dead", "unknown")
 #: bad value is a clear ValueError naming the argument rather than a Redis error reply.
 MAX_SECONDS = 366 * 86400.0
 REASON_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789_-:.")
+#: Pause before resending a request Redis answered BUSY or LOADING: BUSY_BASE x 2^(attempt-1), at most
+#: BUSY_CAP, of which a random half is jitter (so hosts that met the same stall do not retry in step).
+BUSY_BASE = 0.01
+BUSY_CAP = 0.25
+#: Default longest time one call waits BUSY / LOADING out before raising ``PoolBusy``.
+BUSY_WAIT = 5.0
 
 
 # --- results --------------------------------------------------------------------------------------
@@ -224,6 +242,8 @@ class _StoreBase:
         token_factory: Callable[[], str] = lambda: secrets.token_hex(8),
         url_for_errors: str | None = None,
         on_settled: Callable[[str], None] | None = None,
+        busy_wait: float = BUSY_WAIT,
+        on_busy_retry: Callable[[], None] | None = None,
     ) -> None:
         self.client = client
         self.namespace = keys.check_name("namespace", namespace)
@@ -239,6 +259,10 @@ class _StoreBase:
         self._in_doubt: dict[str, tuple[str, str]] = {}
         self._settling: set[str] = set()
         self._on_settled = on_settled
+        self.busy_wait = max(0.0, float(busy_wait))
+        self._on_busy_retry = on_busy_retry
+        self._busy_since: float | None = None  # first BUSY/LOADING answer of the current episode
+        self._busy_retries = 0  # retries in the current episode
 
     def prefix(self, pool: str) -> str:
         return keys.pool_prefix(self.namespace, keys.check_name("pool", pool))
@@ -654,6 +678,34 @@ class _StoreBase:
             if self._in_doubt.pop(token, None) is not None and self._on_settled is not None:
                 self._on_settled(str(reply[0]).lower())
 
+    def _busy_pause(self, exc: Exception, attempt: int, first: float) -> float:
+        """After a BUSY/LOADING answer: how long to pause before the call's next attempt, or raise
+        ``PoolBusy`` once the call has waited ``busy_wait`` since its ``first`` such answer."""
+        now = time.monotonic()
+        kind = "LOADING" if isinstance(exc, redis.BusyLoadingError) else "BUSY"
+        if self._busy_since is None:
+            self._busy_since, self._busy_retries = now, 0
+            logger.warning("proxy_shard: Redis at %(where)s answers %(kind)s (%(e)s); calls wait and retry with "
+                           "backoff (up to %(s)gs each, then as a stalled Redis)",
+                           {"where": self._where, "kind": kind, "e": _busy_text(exc), "s": self.busy_wait})
+        waited = now - first
+        if waited >= self.busy_wait:
+            raise PoolBusy(f"Redis at {self._where} still answers {kind} after {now - self._busy_since:.1f}s: "
+                           f"{_busy_text(exc)}", waited=now - self._busy_since)
+        self._busy_retries += 1
+        if self._on_busy_retry is not None:
+            self._on_busy_retry()
+        step = min(BUSY_CAP, BUSY_BASE * 2 ** min(attempt - 1, 20))
+        return min(step / 2 + random.random() * step / 2, self.busy_wait - waited)
+
+    def _busy_over(self) -> None:
+        """Redis answered a request: end the BUSY/LOADING episode, if one ran."""
+        if self._busy_since is not None:
+            logger.info("proxy_shard: Redis at %(where)s answers again after %(s).2fs busy or loading "
+                        "(%(n)d retries)", {"where": self._where, "s": time.monotonic() - self._busy_since,
+                                            "n": self._busy_retries})
+            self._busy_since = None
+
     def _backend_error(self, exc: Exception) -> PoolBackendError:
         if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
             return PoolUnreachable(f"cannot reach Redis at {self._where}: {exc}",
@@ -671,14 +723,27 @@ class PoolStore(_StoreBase):
         try:
             request = next(plan)
             while True:
-                try:
-                    reply = self._execute(request)
-                except redis.RedisError as exc:
-                    self._note_in_doubt(request, exc)
-                    raise self._backend_error(exc) from None
-                request = plan.send(_decode(reply))
+                request = plan.send(_decode(self._call(request)))
         except StopIteration as stop:
             return stop.value
+
+    def _call(self, request: Any) -> Any:
+        """One request, sent again while Redis answers BUSY or LOADING (see the module docstring)."""
+        attempt, first = 0, 0.0
+        while True:
+            try:
+                reply = self._execute(request)
+            except redis.RedisError as exc:
+                if not _is_busy(exc):
+                    self._note_in_doubt(request, exc)
+                    raise self._backend_error(exc) from None
+                attempt += 1
+                first = first or time.monotonic()
+                time.sleep(self._busy_pause(exc, attempt, first))
+                continue
+            if self._busy_since is not None:
+                self._busy_over()
+            return reply
 
     def _execute(self, request: Any) -> Any:
         if isinstance(request, _Script):
@@ -795,14 +860,27 @@ class AsyncPoolStore(_StoreBase, PoolBackend):
         try:
             request = next(plan)
             while True:
-                try:
-                    reply = await self._execute(request)
-                except redis.RedisError as exc:
-                    self._note_in_doubt(request, exc)
-                    raise self._backend_error(exc) from None
-                request = plan.send(_decode(reply))
+                request = plan.send(_decode(await self._call(request)))
         except StopIteration as stop:
             return stop.value
+
+    async def _call(self, request: Any) -> Any:
+        """One request, sent again while Redis answers BUSY or LOADING (see the module docstring)."""
+        attempt, first = 0, 0.0
+        while True:
+            try:
+                reply = await self._execute(request)
+            except redis.RedisError as exc:
+                if not _is_busy(exc):
+                    self._note_in_doubt(request, exc)
+                    raise self._backend_error(exc) from None
+                attempt += 1
+                first = first or time.monotonic()
+                await asyncio.sleep(self._busy_pause(exc, attempt, first))
+                continue
+            if self._busy_since is not None:
+                self._busy_over()
+            return reply
 
     async def _execute(self, request: Any) -> Any:
         if isinstance(request, _Script):
@@ -821,6 +899,18 @@ def _ms(seconds: float, name: str = "time") -> int:
     if not math.isfinite(value) or value > MAX_SECONDS:
         raise ValueError(f"{name} ({seconds!r}) must be a finite number of seconds up to {MAX_SECONDS:g}")
     return max(0, round(value * 1000))
+
+
+def _is_busy(exc: Exception) -> bool:
+    """A ``BUSY`` (a script or function runs past the busy threshold) or ``LOADING`` answer: Redis did
+    not run the command and will once the script ends or the dataset is loaded."""
+    if isinstance(exc, redis.BusyLoadingError):
+        return True
+    return isinstance(exc, redis.ResponseError) and str(exc).startswith("BUSY ")
+
+
+def _busy_text(exc: Exception) -> str:
+    return str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
 
 
 def _unique(proxies: Iterable[Proxy | str]) -> dict[str, Proxy]:

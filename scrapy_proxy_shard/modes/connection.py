@@ -3,6 +3,15 @@
 ``PROXY_SHARD_REDIS_URL`` (or scrapy-redis's ``REDIS_URL``) names the server;
 ``PROXY_SHARD_REDIS_PARAMS`` adds keyword arguments for redis-py's ``from_url`` (timeouts, TLS,
 ``max_connections``...). Replies are always decoded to ``str``.
+
+``LOADING`` replies are retried in one place only, the store (``engine/store.py``: capped exponential
+backoff, counted and logged per episode). redis-py files them under ``ConnectionError``
+(``BusyLoadingError``), so its own retry policy would send them again inside each call first: for a
+URL-built client that is one immediate retry (the pool's connections get no ``retry`` of the
+client's, and ``retry_on_timeout`` makes ``Retry(NoBackoff(), 1)``; checked on redis-py 8.1), for a
+client built with another ``retry`` up to 10 retries with pauses. So the plain and Sentinel clients
+get that same policy *minus* ``LOADING`` (``_PassLoading``), unless ``PROXY_SHARD_REDIS_PARAMS`` sets
+``retry`` itself. ``BUSY`` is a plain error reply to redis-py (never retried there).
 """
 
 from __future__ import annotations
@@ -12,9 +21,12 @@ from typing import Any
 import redis
 import redis.asyncio
 import redis.asyncio.cluster
+import redis.asyncio.retry
 import redis.asyncio.sentinel
 import redis.cluster
+import redis.retry
 import redis.sentinel
+from redis.backoff import NoBackoff
 
 from scrapy_proxy_shard.engine.proxies import mask
 from scrapy_proxy_shard.exceptions import SettingError
@@ -52,37 +64,91 @@ def client_params(settings: ShardSettings) -> dict[str, Any]:
     return params
 
 
+class _LoadingReply(Exception):
+    """Carries a ``BusyLoadingError`` through redis-py's retry loop untouched (not a RedisError)."""
+
+    def __init__(self, error: redis.BusyLoadingError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class _PassLoading(redis.retry.Retry):
+    """redis-py's retry policy, except that a ``LOADING`` reply is raised at once (to the store)."""
+
+    def call_with_retry(self, do, fail, *args, **kwargs):
+        def attempt():
+            try:
+                return do()
+            except redis.BusyLoadingError as exc:
+                raise _LoadingReply(exc) from None
+
+        try:
+            return super().call_with_retry(attempt, fail, *args, **kwargs)
+        except _LoadingReply as passed:
+            raise passed.error from None
+
+
+class _AsyncPassLoading(redis.asyncio.retry.Retry):
+    """The asyncio twin of ``_PassLoading``."""
+
+    async def call_with_retry(self, do, fail, *args, **kwargs):
+        async def attempt():
+            try:
+                return await do()
+            except redis.BusyLoadingError as exc:
+                raise _LoadingReply(exc) from None
+
+        try:
+            return await super().call_with_retry(attempt, fail, *args, **kwargs)
+        except _LoadingReply as passed:
+            raise passed.error from None
+
+
+def pass_loading_retry(retry_cls, params: dict[str, Any]):
+    """The policy redis-py gives a URL-built client's connections for ``params`` (one immediate retry
+    of connection errors and timeouts when ``retry_on_timeout`` or ``retry_on_error`` is set, else
+    none), as a ``retry_cls`` that leaves ``LOADING`` replies to the store."""
+    return retry_cls(NoBackoff(), 1 if params.get("retry_on_timeout") or params.get("retry_on_error") else 0)
+
+
 def async_client(settings: ShardSettings):
     """An asyncio Redis client (for the Scrapy middlewares): plain, Cluster or Sentinel-managed."""
+    retry = pass_loading_retry(_AsyncPassLoading, client_params(settings))
     if settings.redis_sentinels:
-        return _sentinel(redis.asyncio.sentinel.Sentinel, settings)
+        return _sentinel(redis.asyncio.sentinel.Sentinel, settings, retry)
     if settings.redis_cluster:
         return _build(redis.asyncio.cluster.RedisCluster, settings)
-    return _build(redis.asyncio.Redis, settings)
+    return _build(redis.asyncio.Redis, settings, retry)
 
 
 def sync_client(settings: ShardSettings):
     """A blocking Redis client (for the CLI, the exporter and scripts): plain, Cluster or Sentinel."""
+    retry = pass_loading_retry(_PassLoading, client_params(settings))
     if settings.redis_sentinels:
-        return _sentinel(redis.sentinel.Sentinel, settings)
+        return _sentinel(redis.sentinel.Sentinel, settings, retry)
     if settings.redis_cluster:
         return _build(redis.cluster.RedisCluster, settings)
-    return _build(redis.Redis, settings)
+    return _build(redis.Redis, settings, retry)
 
 
-def _sentinel(cls, settings: ShardSettings):
+def _sentinel(cls, settings: ShardSettings, retry: Any = None):
     """The current master named PROXY_SHARD_REDIS_SENTINEL_MASTER, found through the sentinels; the
     client follows a failover by asking them again."""
     params = client_params(settings)
+    if retry is not None:
+        params.setdefault("retry", retry)
     sentinel = cls(list(settings.redis_sentinels), sentinel_kwargs={"socket_timeout": params.get("socket_timeout")},
                    **params)
     return sentinel.master_for(settings.redis_sentinel_master)
 
 
-def _build(cls, settings: ShardSettings):
+def _build(cls, settings: ShardSettings, retry: Any = None):
     url = redis_url_of(settings)
+    params = client_params(settings)
+    if retry is not None:  # not for Cluster clients: they use ``retry`` for their own topology loop
+        params.setdefault("retry", retry)
     try:
-        return cls.from_url(url, **client_params(settings))
+        return cls.from_url(url, **params)
     except (TypeError, ValueError) as exc:
         raise SettingError(
             f"PROXY_SHARD_REDIS_URL ({mask(url)!r}) / PROXY_SHARD_REDIS_PARAMS rejected by redis-py: {exc}"

@@ -17,11 +17,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from scrapy_proxy_shard.engine.store import AsyncPoolStore, PoolBackend
+from scrapy_proxy_shard.engine.store import BUSY_WAIT, AsyncPoolStore, PoolBackend
 from scrapy_proxy_shard.exceptions import SettingError
 from scrapy_proxy_shard.modes.connection import async_client
 from scrapy_proxy_shard.modes.fallback import FallbackPoolStore
-from scrapy_proxy_shard.modes.pools import embedded_store, settled_counter, store_kwargs
+from scrapy_proxy_shard.modes.pools import busy_counter, embedded_store, settled_counter, store_kwargs
 from scrapy_proxy_shard.settings import ShardSettings
 
 logger = logging.getLogger(__name__)
@@ -36,15 +36,20 @@ def build_store(settings: ShardSettings, stats: Any = None, *, client: Any = Non
     (which needs a URL-built connection it can probe on its own terms).
     """
     if client is not None:
-        return AsyncPoolStore(client, on_settled=settled_counter(stats), **store_kwargs(settings))
+        return AsyncPoolStore(client, on_settled=settled_counter(stats), on_busy_retry=busy_counter(stats),
+                              **store_kwargs(settings))
     if settings.mode in ("embedded", "static"):
         if settings.mode == "static" and not settings.hosts:
             raise SettingError("PROXY_SHARD_MODE 'static' needs PROXY_SHARD_HOSTS (every host id, in any order)")
         return embedded_store(settings)
     where = settings.redis_url or "sentinel://{}/{}".format(
         ",".join(f"{h}:{p}" for h, p in settings.redis_sentinels), settings.redis_sentinel_master)
+    # BUSY / LOADING: each call waits up to BUSY_WAIT (then PoolBusy: the runtime keeps the request
+    # waiting within MAX_WAIT); with the fallback, no longer than FALLBACK_AFTER, which then counts
+    # from the episode's first answer (a Redis busy that long is a stalled Redis).
+    busy_wait = min(BUSY_WAIT, settings.fallback_after) if settings.fallback else BUSY_WAIT
     primary = AsyncPoolStore(async_client(settings), url_for_errors=where, on_settled=settled_counter(stats),
-                             **store_kwargs(settings))
+                             busy_wait=busy_wait, on_busy_retry=busy_counter(stats), **store_kwargs(settings))
     if not settings.fallback:
         return primary
     return FallbackPoolStore(primary, settings, stats=stats)

@@ -39,7 +39,13 @@ from scrapy_proxy_shard.engine.store import (
     PoolBackend,
     ReleaseResult,
 )
-from scrapy_proxy_shard.exceptions import PoolBackendError, PoolUnreachable, ProxyShardError, UnknownPoolError
+from scrapy_proxy_shard.exceptions import (
+    PoolBackendError,
+    PoolBusy,
+    PoolUnreachable,
+    ProxyShardError,
+    UnknownPoolError,
+)
 from scrapy_proxy_shard.modes.pools import embedded_store, initial_proxies
 from scrapy_proxy_shard.modes.sharding import slice_for
 from scrapy_proxy_shard.settings import ShardSettings
@@ -300,12 +306,14 @@ class FallbackPoolStore(PoolBackend):
         SLEEP) times out only the calls that were in flight; hosts that sent nothing meanwhile keep
         leasing from Redis afterwards, so a host that fell back at once would use its slice locally
         while they lease the same proxies from Redis (the fault-injection test saw that overlap).
+        A Redis answering BUSY or LOADING (``PoolBusy``, after the store's own retries) is such a
+        stall: FALLBACK_AFTER then counts from its first BUSY/LOADING answer.
         """
         if self.state != "redis" or not exc.timed_out:
             return True
         now = self.clock()
         if self._silent_since is None:
-            self._silent_since = now
+            self._silent_since = now - (exc.waited if isinstance(exc, PoolBusy) else 0.0)
             logger.warning("proxy_shard: Redis does not answer (%(e)s); waiting up to %(s)gs before "
                            "falling back (PROXY_SHARD_FALLBACK_AFTER)", {"e": exc, "s": self.settings.fallback_after})
         if now - self._silent_since < self.settings.fallback_after:

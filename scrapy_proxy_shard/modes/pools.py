@@ -33,6 +33,12 @@ def settled_counter(stats):
         return None
     return lambda status: stats.inc_value(f"proxy_shard/leases/abandoned/{status}")
 
+def busy_counter(stats):
+    """Count requests sent again because Redis answered BUSY or LOADING (``proxy_shard/redis_busy_retries``)."""
+    if stats is None:
+        return None
+    return lambda: stats.inc_value("proxy_shard/redis_busy_retries")
+
 def platform_pool(pool: str, platform: str) -> str:
     return f"{pool}.{platform}"
 

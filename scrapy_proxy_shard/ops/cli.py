@@ -40,7 +40,7 @@ from scrapy_proxy_shard.modes.connection import sync_client
 from scrapy_proxy_shard.ops import views
 from scrapy_proxy_shard.ops.proxyfile import check_tags, parse_proxy_list
 from scrapy_proxy_shard.ops.snapshot import read_pool
-from scrapy_proxy_shard.settings import BanOptions, ShardSettings
+from scrapy_proxy_shard.settings import DEFAULTS, BanOptions, ShardSettings
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 #: Longest quarantine the CLI sets (ten years): the scripts compute ``now_ms + ttl_ms``, which must stay
@@ -418,8 +418,10 @@ def pools(obj: Ctx, as_json: bool) -> None:
 @cli.command()
 @click.option("--port", type=click.IntRange(0, 65535), default=9808, show_default=True)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0: all).")
+@click.option("--top-sites", type=int, default=DEFAULTS["PROXY_SHARD_METRICS_TOP_SITES"], show_default=True,
+              help="Per pool, the most active sites shown one by one; the rest are summed as site=\"_other\".")
 @click.pass_obj
-def metrics(obj: Ctx, port: int, host: str) -> None:
+def metrics(obj: Ctx, port: int, host: str, top_sites: int) -> None:
     """Serve Prometheus metrics on http://HOST:PORT/metrics, read from Redis at each scrape.
 
     Redis down (at start or later) is not an error here: the exporter keeps serving with
@@ -428,11 +430,12 @@ def metrics(obj: Ctx, port: int, host: str) -> None:
     from scrapy_proxy_shard.ops.exporter import serve
 
     pools = [obj.pool] if obj.pool else None
+    top_sites = ShardSettings.from_settings({"PROXY_SHARD_METRICS_TOP_SITES": top_sites}).metrics_top_sites
     stop = threading.Event()
     # Before the server answers: a SIGTERM right after the first scrape must stop it cleanly.
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
-        server, _thread = serve(obj.store, host=host, port=port, pools=pools)
+        server, _thread = serve(obj.store, host=host, port=port, pools=pools, top_sites=top_sites)
     except OSError as exc:
         raise OperationalError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     bound = server.server_address[1]

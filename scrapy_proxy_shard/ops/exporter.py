@@ -9,6 +9,11 @@ Labels stay low-cardinality, bounded by configuration and live processes: ``pool
 (a site key, ``*`` for proxy-wide quarantines), ``state``, ``reason``, ``outcome``, ``host`` (live
 hosts only). A proxy's URL or id is never a label: thousands of proxies would make thousands of
 series, and a URL would put credentials into the monitoring system.
+
+Sites are bounded too, however many a broad crawl touches: per pool only the
+``PROXY_SHARD_METRICS_TOP_SITES`` most active sites (``SiteRanking``: most leases over the last
+``RECENT_WINDOW`` of scrapes) get series of their own; every other site is summed into one
+``site="_other"`` series per metric and label set, so totals are preserved.
 """
 
 from __future__ import annotations
@@ -16,7 +21,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from prometheus_client import start_http_server
@@ -27,19 +33,74 @@ from scrapy_proxy_shard.engine import schema
 from scrapy_proxy_shard.engine.store import PoolStore
 from scrapy_proxy_shard.exceptions import ProxyShardError
 from scrapy_proxy_shard.ops.snapshot import STATES, PoolSnapshot, read_pool
+from scrapy_proxy_shard.settings import DEFAULTS
 
 logger = logging.getLogger(__name__)
 
 OUTCOMES = ("ok", "error", "banned")
 QUANTILES = (0.5, 0.9, 1.0)
+#: The ``site`` label of the series that sum every site outside a pool's top sites.
+OTHER_SITE = "_other"
+#: What "recent" means when ranking sites: leases taken over this many seconds of scrapes.
+RECENT_WINDOW = 600.0
+#: Scrape history kept per pool for the ranking (points at least RECENT_WINDOW / this apart).
+HISTORY_POINTS = 30
+
+
+class SiteRanking:
+    """Which sites of a pool get series of their own: the ``top`` most active ones.
+
+    Active means leases taken recently: the growth of each site's lease counter since the oldest
+    scrape within ``window`` (a site first seen since then counts all its leases). Ties (every site
+    at the first scrape) go to the sites holding most slots now, then to the sites already chosen
+    (so the set does not churn), then to the most leases ever. A pool with at most ``top`` sites is
+    not cut at all. The exporter is long-lived: this history is its only state.
+    """
+
+    def __init__(self, top: int, *, window: float = RECENT_WINDOW,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.top = max(0, int(top))
+        self.window = window
+        self.clock = clock
+        self._history: dict[str, deque[tuple[float, dict[str, int]]]] = {}
+        self._chosen: dict[str, frozenset[str]] = {}
+
+    def choose(self, snapshot: PoolSnapshot) -> frozenset[str] | None:
+        """The sites of ``snapshot`` to export one by one, or None for all of them."""
+        sites = _all_sites(snapshot)
+        leases = {site: snapshot.site_outcomes(site).leases for site in sites}
+        now = self.clock()
+        history = self._history.setdefault(snapshot.pool, deque())
+        if not history or now - history[-1][0] >= self.window / HISTORY_POINTS:
+            history.append((now, leases))
+        while len(history) > 1 and history[1][0] <= now - self.window:
+            history.popleft()
+        if len(sites) <= self.top:
+            self._chosen.pop(snapshot.pool, None)
+            return None
+        base = history[0][1]
+        in_use = {st.site: st.leased + st.session for st in snapshot.sites}
+        before = self._chosen.get(snapshot.pool, frozenset())
+        ranked = sorted(sites, key=lambda site: (-(leases[site] - base.get(site, 0)), -in_use.get(site, 0),
+                                                 site not in before, -leases[site], site))
+        chosen = frozenset(ranked[:self.top])
+        self._chosen[snapshot.pool] = chosen
+        return chosen
 
 
 class PoolCollector:
-    """Reads the pools at scrape time; ``pools`` None means every pool of the namespace."""
+    """Reads the pools at scrape time; ``pools`` None means every pool of the namespace.
 
-    def __init__(self, store: PoolStore, pools: Sequence[str] | None = None) -> None:
+    ``top_sites``: per pool, only that many sites (the most active, see ``SiteRanking``) get series
+    of their own; the rest are summed under ``site="_other"``.
+    """
+
+    def __init__(self, store: PoolStore, pools: Sequence[str] | None = None, *,
+                 top_sites: int = DEFAULTS["PROXY_SHARD_METRICS_TOP_SITES"],
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.store = store
         self.pools = tuple(pools) if pools else None
+        self.ranking = SiteRanking(top_sites, clock=clock)
         self._up: float | None = None  # last scrape's answer, to log only when Redis comes or goes
 
     def describe(self) -> list[Metric]:
@@ -57,14 +118,25 @@ class PoolCollector:
                 logger.warning("proxy_shard exporter: %(e)s (serving proxy_shard_up 0 until it answers)", {"e": exc})
             snapshots, up = [], 0.0
         self._up = up
-        yield from pool_metrics(snapshots)
+        yield from pool_metrics(snapshots, {s.pool: self.ranking.choose(s) for s in snapshots})
         yield _gauge("proxy_shard_up", "1 if Redis answered this scrape, else 0", [], [((), up)])
         yield _gauge("proxy_shard_scrape_duration_seconds", "Time this scrape spent reading Redis", [],
                      [((), time.perf_counter() - started)])
 
 
-def pool_metrics(snapshots: Sequence[PoolSnapshot]) -> Iterator[Metric]:
-    """Every ``proxy_shard_*`` family for the given pools (the README lists them all)."""
+def pool_metrics(snapshots: Sequence[PoolSnapshot],
+                 top_sites: Mapping[str, frozenset[str] | None] | None = None) -> Iterator[Metric]:
+    """Every ``proxy_shard_*`` family for the given pools (the README lists them all).
+
+    ``top_sites``: pool -> the sites exported one by one (None: all); the others are summed under
+    ``site="_other"`` (``*``, proxy-wide quarantines, is not a site and is always kept).
+    """
+    top_sites = top_sites or {}
+
+    def site_label(pool: str, site: str) -> str:
+        keep = top_sites.get(pool)
+        return site if keep is None or site == "*" or site in keep else OTHER_SITE
+
     def per_pool(name: str, doc: str, value, kind: str = "gauge") -> Metric:
         samples = [((s.pool,), v) for s in snapshots if (v := value(s)) is not None]
         return (_counter if kind == "counter" else _gauge)(name, doc, ["pool"], samples)
@@ -77,17 +149,17 @@ def pool_metrics(snapshots: Sequence[PoolSnapshot]) -> Iterator[Metric]:
                    lambda s: len(s.banned_ids))
     yield _gauge("proxy_shard_slots", "Proxy slots per site by state (free, leased, session, cooling, banned)",
                  ["pool", "site", "state"],
-                 [((s.pool, st.site, state), getattr(st, state)) for s in snapshots for st in s.sites
-                  for state in STATES])
+                 [((s.pool, site_label(s.pool, st.site), state), getattr(st, state)) for s in snapshots
+                  for st in s.sites for state in STATES])
     yield _gauge("proxy_shard_slots_held", "Slots a host holds now (leases and sticky sessions)", ["pool", "host"],
                  [((s.pool, host), n) for s in snapshots for host, n in sorted(s.held_by_host().items())])
     yield _gauge("proxy_shard_quarantines_running", "Quarantines running, by site ('*' = proxy-wide) and reason",
                  ["pool", "site", "reason"],
-                 [((s.pool, scope, reason), n) for s in snapshots
+                 [((s.pool, site_label(s.pool, scope), reason), n) for s in snapshots
                   for (scope, reason), n in sorted(s.running_by_scope_reason().items())])
     yield _counter("proxy_shard_site_quarantines", "Quarantines started, by site ('*' = proxy-wide) and reason",
                    ["pool", "site", "reason"],
-                   [((s.pool, site, reason), n) for s in snapshots
+                   [((s.pool, site_label(s.pool, site), reason), n) for s in snapshots
                     for (site, reason), n in sorted(s.bans_by_site_reason().items())])
     yield per_pool("proxy_shard_quarantines_started", "Quarantines started", lambda s: s.quarantines_started,
                    "counter")
@@ -97,10 +169,11 @@ def pool_metrics(snapshots: Sequence[PoolSnapshot]) -> Iterator[Metric]:
                    "proxy", lambda s: s.mean_quarantine)
     yield _counter("proxy_shard_requests", "Leases taken per site (one per request sent through a proxy)",
                    ["pool", "site"],
-                   [((s.pool, site), s.site_outcomes(site).leases) for s in snapshots for site in _sites(s)])
+                   [((s.pool, site_label(s.pool, site)), s.site_outcomes(site).leases) for s in snapshots
+                    for site in _sites(s)])
     yield _counter("proxy_shard_responses", "Finished requests per site by outcome (ok, error, banned)",
                    ["pool", "site", "outcome"],
-                   [((s.pool, site, name), v) for s in snapshots for site in _sites(s)
+                   [((s.pool, site_label(s.pool, site), name), v) for s in snapshots for site in _sites(s)
                     for name, v in zip(OUTCOMES, _triple(s.site_outcomes(site)), strict=True)])
     yield per_pool("proxy_shard_success_ratio", "ok / (ok + error + banned) over the pool's requests",
                    lambda s: s.outcomes.success_ratio)
@@ -141,19 +214,28 @@ def host_metrics(snapshots: Sequence[PoolSnapshot]) -> Iterator[Metric]:
 
 
 def serve(store: PoolStore, *, host: str = "127.0.0.1", port: int = 9808,
-          pools: Sequence[str] | None = None) -> tuple[Any, threading.Thread]:
+          pools: Sequence[str] | None = None,
+          top_sites: int = DEFAULTS["PROXY_SHARD_METRICS_TOP_SITES"]) -> tuple[Any, threading.Thread]:
     """Serve ``/metrics`` on ``host:port`` in a background thread; returns (server, thread).
 
     Stop it with ``server.shutdown(); server.server_close()``. Only this package's metrics are
     served (a registry of its own), so one exporter can run beside other Python exporters.
     """
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(PoolCollector(store, pools))
+    registry.register(PoolCollector(store, pools, top_sites=top_sites))
     return start_http_server(port, addr=host, registry=registry)
 
 
 def _sites(s: PoolSnapshot) -> list[str]:
     return sorted(site for site in s.site_stats if site != "*")
+
+
+def _all_sites(s: PoolSnapshot) -> set[str]:
+    """Every site a per-site series of the pool may name (slots, counters, quarantines)."""
+    sites = {st.site for st in s.sites} | set(s.site_stats)
+    sites.update(b.scope for b in s.bans)
+    sites.discard("*")
+    return sites
 
 
 def _triple(o: Any) -> tuple[int, int, int]:
@@ -162,13 +244,21 @@ def _triple(o: Any) -> tuple[int, int, int]:
 
 def _gauge(name: str, doc: str, labels: list[str], samples: list[tuple[tuple, Any]]) -> Metric:
     family = GaugeMetricFamily(name, doc, labels=labels)
-    for values, value in samples:
-        family.add_metric(list(values), float(value))
+    for values, value in _summed(samples):
+        family.add_metric(list(values), value)
     return family
 
 
 def _counter(name: str, doc: str, labels: list[str], samples: list[tuple[tuple, Any]]) -> Metric:
     family = CounterMetricFamily(name, doc, labels=labels)
-    for values, value in samples:
-        family.add_metric(list(values), float(value))
+    for values, value in _summed(samples):
+        family.add_metric(list(values), value)
     return family
+
+
+def _summed(samples: list[tuple[tuple, Any]]) -> list[tuple[tuple, float]]:
+    """One sample per label set, in first-seen order: the sites folded into ``_other`` add up."""
+    out: dict[tuple, float] = {}
+    for values, value in samples:
+        out[values] = out.get(values, 0.0) + float(value)
+    return list(out.items())
