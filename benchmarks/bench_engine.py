@@ -195,7 +195,7 @@ def memory_usage(admin: redis.Redis, key: str) -> int:
 
 
 def first_lease(store: PoolStore, pool: str, site: str) -> float:
-    """Lease once on a new site (starts building its ZSET: one page of 1,000 proxies per call),
+    """Lease once on a new site (starts learning the pool: one page of 128 slots per call),
     release; the first lease's round trip in ms. Then lease until the build is complete, so the
     timed cycles measure the steady state."""
     start = time.perf_counter()
@@ -204,8 +204,13 @@ def first_lease(store: PoolStore, pool: str, site: str) -> float:
     if not isinstance(lease, Lease):
         raise RuntimeError(f"first lease on {pool}/{site}: {lease}")
     store.release(lease, outcome="ok")
-    building = keys.sub_key(store.prefix(pool), "sitebuild")
-    while store.client.hexists(building, site):
+    prefix = store.prefix(pool)
+
+    def learning() -> bool:  # the site has not learnt every proxy of the pool yet
+        pool_seq = int(store.client.hget(keys.sub_key(prefix, keys.META), "seq") or 0)
+        return int(store.client.hget(f"{prefix}:{keys.SITE}:{site}", "seq") or 0) < pool_seq
+
+    while learning():
         lease = store.lease(pool, site, ttl=LEASE_TTL)
         if isinstance(lease, Lease):
             store.release(lease, outcome="ok")
@@ -225,7 +230,7 @@ def build_pool(admin: redis.Redis, store: PoolStore, size: int, sites: list[str]
     after_pool = used_memory(admin)
     setup.pool_bytes_info = (after_pool - before) / size
     setup.pool_bytes_usage = sum(memory_usage(admin, keys.sub_key(setup.prefix, name))
-                                 for name in ("proxies", "tags", "sites")) / size
+                                 for name in (keys.PROXIES, keys.TAGS, keys.ORDER)) / size
     setup.first_lease_ms.append(first_lease(store, pool, sites[0]))
     setup.site_bytes_info = (used_memory(admin) - after_pool) / size
     setup.site_bytes_usage = memory_usage(admin, f"{setup.prefix}:ready:{sites[0]}") / size

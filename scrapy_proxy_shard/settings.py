@@ -71,6 +71,7 @@ DEFAULTS: dict[str, Any] = {
     "PROXY_SHARD_REST_AFTER_RESPONSE": 0.0,
     "PROXY_SHARD_RANDOMIZE_INTERVAL": False,
     "PROXY_SHARD_SESSION_TTL": 600.0,
+    "PROXY_SHARD_SITE_IDLE_TTL": 3600.0,  # a site's slot state expires this long after its last use
     "PROXY_SHARD_SITES": {},
     "PROXY_SHARD_SITE_GROUPS": {},
     "PROXY_SHARD_BAN_TTL": 1800.0,
@@ -236,6 +237,7 @@ class ShardSettings:
     rest_after_response: float
     randomize_interval: bool
     session_ttl: float
+    site_idle_ttl: float
     sites: Mapping[str, SiteOptions]
     site_groups: Mapping[str, tuple[str, ...]]
     bans: BanOptions
@@ -319,6 +321,8 @@ class ShardSettings:
                 f"PROXY_SHARD_BAN_MAX_TTL ({bans.max_ttl!r}) must be >= PROXY_SHARD_BAN_TTL ({bans.ttl!r})"
             )
         site_entries = _site_entries(s)
+        sites = _sites(site_entries, pacing)
+        site_idle_ttl = _site_idle_ttl(get, pacing, sites)
         return cls(
             enabled=_boolean(s, "PROXY_SHARD_ENABLED"),
             redis_url=redis_url,
@@ -334,7 +338,8 @@ class ShardSettings:
             rest_after_response=pacing.rest_after_response,
             randomize_interval=pacing.randomize_interval,
             session_ttl=session_ttl,
-            sites=_sites(site_entries, pacing),
+            site_idle_ttl=site_idle_ttl,
+            sites=sites,
             site_groups=_site_groups(s),
             bans=bans,
             latency_ewma_alpha=_number(get, "PROXY_SHARD_LATENCY_EWMA_ALPHA", minimum=0.001, maximum=1.0),
@@ -493,6 +498,24 @@ def _site_entries(settings: BaseSettings) -> list[tuple[str, str, dict[str, Any]
             raise SettingError(f"{label}: unknown option(s) {sorted(unknown)} (known: {sorted(SITE_OPTIONS)})")
         out.append((key, label, options))
     return out
+
+
+MIN_SITE_IDLE_TTL = 60.0
+
+
+def _site_idle_ttl(get: Any, pacing: SiteOptions, sites: Mapping[str, SiteOptions]) -> float:
+    """PROXY_SHARD_SITE_IDLE_TTL: at least a minute, and at least twice the longest pacing gap of any
+    site, so a site's state never expires between two paced uses of one of its slots (the start of a
+    use is what pacing counts from, and it lives in the site's state)."""
+    idle = _number(get, "PROXY_SHARD_SITE_IDLE_TTL", minimum=MIN_SITE_IDLE_TTL, maximum=MAX_SESSION_TTL)
+    gaps = [max(o.min_interval, o.rest_after_response) for o in (pacing, *sites.values())]
+    longest = max(gaps)
+    if idle < 2 * longest:
+        raise SettingError(
+            f"PROXY_SHARD_SITE_IDLE_TTL ({idle!r}) must be at least twice the longest pacing interval "
+            f"({longest!r} s, PROXY_SHARD_MIN_INTERVAL / REST_AFTER_RESPONSE or a PROXY_SHARD_SITES entry)"
+        )
+    return idle
 
 
 def _sites(entries: list[tuple[str, str, dict[str, Any]]], pacing: SiteOptions) -> dict[str, SiteOptions]:

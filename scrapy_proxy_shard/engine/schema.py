@@ -18,7 +18,9 @@ from scrapy_proxy_shard.exceptions import InvalidSessionId, SettingError
 # --- key suffixes: every pool key is ``<prefix>:<suffix>[:<part>...]`` --------------------------------
 PROXIES = "proxies"      # HASH proxy id -> URL (may hold credentials)
 TAGS = "tags"            # HASH proxy id -> JSON tags
-SITES = "sites"          # HASH site -> slots per proxy (concurrency)
+ORDER = "order"          # ZSET proxy id -> its add number (sites learn proxies in this order)
+SITE = "site"            # HASH per site: c = slots per proxy, seq = add number learnt up to; expires idle
+SITEIDX = "siteidx"      # ZSET site -> ms at which its state expires (the live sites)
 READY = "ready"          # ZSET per site: slot member -> ms from which it may be used
 LEASE = "lease"          # STRING per (site, slot): exists exactly while the slot is held
 SESSION = "session"      # HASH per (site, session id): the sticky session's proxy and use counts
@@ -28,16 +30,17 @@ PSTATS = "pstats"        # HASH "<proxy id>:<counter>"
 HSTATS = "hstats"        # HASH "<host>:<counter>"
 SSTATS = "sstats"        # HASH "<site>:<counter>" (site "*" = proxy-wide quarantines)
 COUNTERS = "counters"    # HASH pool-wide counters
-SITEBUILD = "sitebuild"  # HASH site -> cursor of a ready ZSET still being built
 WAITING = "waiting"      # STRING per site: someone got a WAIT lately
 FREED = "freed"          # LIST per site: one entry per slot given back (waiters BLPOP it)
 HOSTS = "hosts"          # ZSET host -> ms until which it counts as alive
 HOST = "host"            # HASH per host: heartbeat times and info
 LOAD = "load"            # HASH per host: minute -> leases taken
 DONE = "done"            # STRING per (op, token): the memoised reply of a write script
-META = "meta"            # HASH created=ms: the pool was loaded once
-KEY_SUFFIXES = (PROXIES, TAGS, SITES, READY, LEASE, SESSION, BANS, BANIDX, PSTATS, HSTATS, SSTATS, COUNTERS,
-                SITEBUILD, WAITING, FREED, HOSTS, HOST, LOAD, DONE, META)
+META = "meta"            # HASH created=ms (the pool was loaded once), seq, layout; mstep/mcursor while migrating
+KEY_SUFFIXES = (PROXIES, TAGS, ORDER, SITE, SITEIDX, READY, LEASE, SESSION, BANS, BANIDX, PSTATS, HSTATS, SSTATS,
+                COUNTERS, WAITING, FREED, HOSTS, HOST, LOAD, DONE, META)
+#: Keys of the layout before sites learnt proxies lazily (read only by the in-place migration).
+LEGACY_KEY_SUFFIXES = ("sites", "sitebuild")
 #: The hashes ``PoolStore.counters`` reads.
 COUNTER_HASHES = (COUNTERS, PSTATS, HSTATS, SSTATS)
 

@@ -23,6 +23,7 @@ OPERATIONS = (
     "pool_status",
     "hold",
     "abandon",
+    "sites",
 )
 
 

@@ -244,6 +244,7 @@ class _StoreBase:
         on_settled: Callable[[str], None] | None = None,
         busy_wait: float = BUSY_WAIT,
         on_busy_retry: Callable[[], None] | None = None,
+        site_idle_ttl: float = 3600.0,
     ) -> None:
         self.client = client
         self.namespace = keys.check_name("namespace", namespace)
@@ -263,6 +264,8 @@ class _StoreBase:
         self._on_busy_retry = on_busy_retry
         self._busy_since: float | None = None  # first BUSY/LOADING answer of the current episode
         self._busy_retries = 0  # retries in the current episode
+        #: A site's state (its ready slots) expires this long after its last hold ends.
+        self.site_idle_ms = _ms(site_idle_ttl, "site_idle_ttl")
 
     def prefix(self, pool: str) -> str:
         return keys.pool_prefix(self.namespace, keys.check_name("pool", pool))
@@ -280,7 +283,7 @@ class _StoreBase:
         token = self._token()
         reply = yield _Script("lease", (self.prefix(pool),), (
             site, int(concurrency), _ms(ttl, "ttl"), token, self.host_id, session_id or "",
-            _ms(max(session_ttl, ttl), "session_ttl"),
+            _ms(max(session_ttl, ttl), "session_ttl"), self.site_idle_ms,
         ))
         status = reply[0]
         if status == "OK":
@@ -357,7 +360,7 @@ class _StoreBase:
     def _hold(self, pool, site, member, ttl, concurrency) -> Plan:
         token = self._token()
         reply = yield _Script("hold", (self.prefix(pool),), (
-            site, member, int(concurrency), _ms(ttl), token, self.host_id,
+            site, member, int(concurrency), _ms(ttl), token, self.host_id, self.site_idle_ms,
         ))
         if reply[0] == "OK":
             return Lease(pool=pool, site=site, proxy_id=member.rpartition("/")[0], proxy_url=reply[3],
@@ -591,12 +594,19 @@ class _StoreBase:
         return sorted(found)
 
     def sites(self, pool: str):
-        """Sites the pool has served, with their slots per proxy (concurrency)."""
+        """Sites the pool serves now (used within PROXY_SHARD_SITE_IDLE_TTL), with their slots per
+        proxy (concurrency); read a page at a time, so thousands of sites never block Redis."""
         return self._drive(self._sites(pool))
 
     def _sites(self, pool) -> Plan:
-        raw = yield _Command(("HGETALL", keys.sub_key(self.prefix(pool), keys.SITES)))
-        return {site: int(c) for site, c in sorted((raw or {}).items())}
+        found: dict[str, int] = {}
+        offset = 0
+        while True:
+            reply = yield _Script("sites", (self.prefix(pool),), (offset, 500))
+            found.update((reply[i], int(reply[i + 1])) for i in range(1, len(reply), 2))
+            offset = int(reply[0])
+            if not offset:
+                return dict(sorted(found.items()))
 
     def pool_status(self, pool: str, site: str, *, detail: bool = False, chunk: int = 256):
         """Slots of a site by state (free, leased, session, cooling, banned) and per host; with

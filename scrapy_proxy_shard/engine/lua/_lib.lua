@@ -5,9 +5,13 @@
 -- below is built from it (same hash tag, hence same slot):
 --   P:proxies            HASH   proxy id -> canonical proxy URL (may hold credentials)
 --   P:tags               HASH   proxy id -> JSON tags (type, provider, country; read by Python only)
---   P:sites              HASH   site -> slots per proxy on that site (= concurrency); marks the site's
---                               ready ZSET as built
---   P:ready:<site>       ZSET   member "<id>/<k>" (slot k of a proxy) -> ms from which it may be used
+--   P:order              ZSET   proxy id -> its add number (P:meta seq counts them): sites learn the
+--                               pool's proxies in this order, a page per lease (see learn() below)
+--   P:site:<site>        HASH   c = slots per proxy on the site (= concurrency), seq = add number the
+--                               site has learnt up to; expires with the site (see touch_site)
+--   P:siteidx            ZSET   site -> ms at which its state expires: the live sites (status, beats)
+--   P:ready:<site>       ZSET   member "<id>/<k>" (slot k of a proxy) -> ms from which it may be used;
+--                               expires PROXY_SHARD_SITE_IDLE_TTL after the site's last hold ends
 --   P:lease:<site>:<m>   STRING "token|host|issued_ms|session" with PX = lease or session TTL; exists
 --                               exactly while slot m is held
 --   P:session:<site>:<sid> HASH p=id m=member t=use token busy=ms next=ms n=uses rb=rebinds; PX TTL
@@ -22,7 +26,6 @@
 --   Every key suffix and counter field is named in schema.py too (tests/test_schema.py compares them).
 --   P:counters           HASH   pool-wide counters (stale, expired, rebinds, q_started = quarantines
 --                               started, q_ms = their total length in ms, less what unban cut short)
---   P:sitebuild          HASH   site -> HSCAN cursor of a ready ZSET still being built (see below)
 --   P:waiting:<site>     STRING set (PX 6 s) whenever a lease on the site answers WAIT: releases
 --                               announce on the freed list only while someone may be waiting
 --   P:freed:<site>       LIST   one entry per slot given back on the site; waiters BLPOP it so a
@@ -35,13 +38,14 @@
 --   P:done:<op>:<token>  STRING the JSON reply of a write script already run for this token (PX 60 s): a
 --                               resent call (redis-py retry_on_timeout) answers it again, writes nothing
 --   P:meta               HASH   created=ms: the pool was loaded once; remove.lua never deletes it, so
---                               an empty pool without it was lost by Redis (FLUSHALL, failover, eviction)
+--                               an empty pool without it was lost by Redis (FLUSHALL, failover, eviction);
+--                               seq = last add number; layout=2 (mstep/mcursor while a pool written by
+--                               an older version migrates: see migrated())
 -- Times are milliseconds of the Redis server clock (TIME), so host clock skew cannot cause overlaps.
 
 local P = KEYS[1]
 local K_PROXIES = P .. ':proxies'
 local K_TAGS = P .. ':tags'
-local K_SITES = P .. ':sites'
 local K_BANS = P .. ':bans'
 local K_BANIDX = P .. ':banidx'
 local K_PSTATS = P .. ':pstats'
@@ -151,72 +155,161 @@ local function blocked_until(site, id)
   return a
 end
 
--- A site's ready ZSET is built from the pool lazily, BUILD_CHUNK proxies (one HSCAN page) per call,
--- so no single call blocks Redis for O(N) however large the pool: P:sites gets the site at once (so
--- add/remove/ban see it), P:sitebuild holds the HSCAN cursor until the build is complete.
-local BUILD_CHUNK = 1000
-local K_SITEBUILD = P .. ':sitebuild'
+-- Sites learn the pool lazily, so no call costs sites x proxies: P:order numbers every proxy by
+-- when it was added (P:meta seq is the last number given out); a site's hash P:site:<site> holds its
+-- slots per proxy (c) and the number up to which it has taken proxies into its ready ZSET (seq).
+-- Each lease on a site takes in at most LEARN_CHUNK slots of proxies it has not seen yet: a new
+-- site is built that way page by page, and a proxy added later reaches every site at its next
+-- lease. Removed proxies leave their members behind; a lease drops them when they come first.
+local LEARN_CHUNK = 64  -- ~0.2 ms a page; a site touched once stays a listpack ZSET (<= 128 entries)
+local K_ORDER = P .. ':order'
+local K_SITEIDX = P .. ':siteidx'
+local function site_key(site) return P .. ':site:' .. site end
 
--- Add one HSCAN page of the pool to the site; returns true when the build is complete.
-local function build_chunk(site, concurrency, cursor, now)
-  local count = math.max(1, math.floor(BUILD_CHUNK / concurrency))  -- about BUILD_CHUNK slots a page
-  local res = redis.call('HSCAN', K_PROXIES, cursor, 'COUNT', count)
-  local kv = res[2]
-  local batch = {}
-  for i = 1, #kv, 2 do
-    local id = kv[i]
-    local score = blocked_until(site, id)
-    if score < now then score = now end
-    for k = 0, concurrency - 1 do
-      batch[#batch + 1] = score
-      batch[#batch + 1] = id .. '/' .. k
-      if #batch >= 2000 then  -- flushed inside the slot loop: unpack stays far below LUAI_MAXCSTACK
-        redis.call('ZADD', ready_key(site), 'NX', unpack(batch))
-        batch = {}
-      end
+-- Take up to LEARN_CHUNK slots of proxies added after the site's cursor into its ready ZSET. Each
+-- new member waits for a lease key that still holds it (a proxy removed and added again while held,
+-- or a site whose state expired while a sticky session kept its slot: lease keys have their own
+-- TTL) and for the proxy's quarantines. Returns true when the site has seen every proxy.
+local function learn(site, c, seq, pool_seq, now)
+  if seq >= pool_seq then return true end
+  local count = math.max(1, math.floor(LEARN_CHUNK / c))
+  local got = redis.call('ZRANGEBYSCORE', K_ORDER, '(' .. istr(seq), '+inf', 'WITHSCORES', 'LIMIT', 0, count)
+  if #got > 0 then
+    -- Bulk reads, not a call per slot: the proxies' two ban entries, and whether any lease key exists.
+    local fields, lkeys = {}, {}
+    for i = 1, #got, 2 do
+      fields[#fields + 1] = site .. '|' .. got[i]
+      fields[#fields + 1] = '*|' .. got[i]
+      for k = 0, c - 1 do lkeys[#lkeys + 1] = lease_key(site, got[i] .. '/' .. k) end
     end
+    local bans = redis.call('HMGET', K_BANS, unpack(fields))
+    local any_held = redis.call('EXISTS', unpack(lkeys)) > 0
+    local batch = {}
+    for i = 1, #got, 2 do
+      local id = got[i]
+      local free_at = now
+      for _, entry in ipairs({bans[i], bans[i + 1]}) do
+        local u = entry and tonumber(string.match(entry, '^(%d+)|')) or 0
+        if u > free_at then free_at = u end
+      end
+      for k = 0, c - 1 do
+        local member = id .. '/' .. k
+        local at = free_at
+        if any_held then
+          local held = redis.call('PTTL', lease_key(site, member))
+          if held > 0 and now + held > at then at = now + held end
+        end
+        batch[#batch + 1] = at
+        batch[#batch + 1] = member
+        if #batch >= 2000 then  -- flushed inside the slot loop: unpack stays far below LUAI_MAXCSTACK
+          redis.call('ZADD', ready_key(site), 'NX', unpack(batch))
+          batch = {}
+        end
+      end
+      seq = tonumber(got[i + 1])
+    end
+    if #batch > 0 then redis.call('ZADD', ready_key(site), 'NX', unpack(batch)) end
   end
-  if #batch > 0 then redis.call('ZADD', ready_key(site), 'NX', unpack(batch)) end
-  if res[1] == '0' then
-    redis.call('HDEL', K_SITEBUILD, site)
-    return true
-  end
-  redis.call('HSET', K_SITEBUILD, site, res[1])
-  return false
+  if #got < 2 * count then seq = pool_seq end  -- nothing more: proxies removed since were skipped
+  redis.call('HSET', site_key(site), 'seq', istr(seq))
+  return seq >= pool_seq
 end
 
--- Make sure the site exists and advance its build by one page if it is still building.
--- Returns the site's slot count per proxy and whether its build is complete.
+-- Keep a site's state alive while it is used: its keys expire SITE idle ms after the last hold
+-- ends (`until_ms`), so an idle site costs nothing; P:siteidx lists live sites by that expiry.
+-- Refreshed only when a quarter of the idle time has been used up (one PTTL on most calls).
+local function touch_site(site, until_ms, idle, now)
+  local want = until_ms - now + idle
+  local left = redis.call('PTTL', ready_key(site))
+  if left >= 0 and left > want - math.floor(idle / 4) then return end
+  redis.call('PEXPIRE', ready_key(site), want)
+  redis.call('PEXPIRE', site_key(site), want)
+  redis.call('ZADD', K_SITEIDX, now + want, site)
+  -- Forget index entries of sites that expired (their keys are gone already).
+  local gone = redis.call('ZRANGEBYSCORE', K_SITEIDX, '-inf', now, 'LIMIT', 0, 8)
+  if #gone > 0 then redis.call('ZREM', K_SITEIDX, unpack(gone)) end
+end
+
+-- Make sure the site exists and learn one page of proxies it has not seen. Returns the site's
+-- slots per proxy and whether it has seen every proxy. A site whose cursor is ahead of the pool
+-- (the pool was lost and restored while the site's state survived) starts learning again.
 local function ensure_site(site, concurrency, now)
-  local c = redis.call('HGET', K_SITES, site)
-  local cursor = '0'
-  if c then
-    c = tonumber(c)
-    cursor = redis.call('HGET', K_SITEBUILD, site)
-    if not cursor then return c, true end
-  else
+  local h = redis.call('HMGET', site_key(site), 'c', 'seq')
+  local pool_seq = tonumber(redis.call('HGET', K_META, 'seq')) or 0
+  local c, seq = tonumber(h[1]), tonumber(h[2]) or 0
+  if not c then
     c = concurrency
-    redis.call('HSET', K_SITES, site, c)
+    redis.call('HSET', site_key(site), 'c', c, 'seq', 0)
+    seq = 0
+  elseif seq > pool_seq then
+    seq = 0
   end
-  return c, build_chunk(site, c, cursor, now)
+  return c, learn(site, c, seq, pool_seq, now)
 end
 
--- Advance a site's build by one page (used when nothing built so far is free).
+-- Learn one more page (used when nothing learnt so far is free).
 local function continue_build(site, now)
-  local cursor = redis.call('HGET', K_SITEBUILD, site)
-  if not cursor then return true end
-  return build_chunk(site, tonumber(redis.call('HGET', K_SITES, site)), cursor, now)
+  local h = redis.call('HMGET', site_key(site), 'c', 'seq')
+  local pool_seq = tonumber(redis.call('HGET', K_META, 'seq')) or 0
+  if not h[1] then return true end
+  return learn(site, tonumber(h[1]), tonumber(h[2]) or 0, pool_seq, now)
 end
 
 -- Push every slot of a proxy on one site to at least `until_ms` (XX: never re-adds a removed proxy;
 -- GT: never shortens a longer hold).
 local function hold_slots(site, id, until_ms)
-  local c = redis.call('HGET', K_SITES, site)
+  local c = redis.call('HGET', site_key(site), 'c')
   if not c then return end
   local ready = ready_key(site)
   for k = 0, tonumber(c) - 1 do
     redis.call('ZADD', ready, 'XX', 'GT', until_ms, id .. '/' .. k)
   end
+end
+
+-- Pools written before P:order existed (layout 1: a P:sites hash of sites and unpaged-expiry ready
+-- ZSETs) are migrated in place, one page per call, by the first scripts that need the new layout:
+-- proxies get their P:order numbers, old sites get a P:site hash, an expiry and a P:siteidx entry.
+-- P:meta layout=2 marks the end. Returns true when the pool is on the new layout.
+local MIGRATE_PAGE = 500
+local function migrated(idle, now)
+  if redis.call('HGET', K_META, 'layout') == '2' then return true end
+  -- Nothing of an older version here (a new or a lost pool): nothing to migrate, nothing written
+  -- (add.lua's restore relies on P:meta being absent from a pool Redis lost).
+  if redis.call('EXISTS', K_META) == 0 then return true end
+  local m = redis.call('HMGET', K_META, 'layout', 'mstep', 'mcursor')
+  local step, cursor = m[2] or 'proxies', m[3] or '0'
+  if step == 'proxies' then
+    local res = redis.call('HSCAN', K_PROXIES, cursor, 'COUNT', MIGRATE_PAGE)
+    for i = 1, #res[2], 2 do
+      local id = res[2][i]
+      if not redis.call('ZSCORE', K_ORDER, id) then
+        redis.call('ZADD', K_ORDER, redis.call('HINCRBY', K_META, 'seq', 1), id)
+      end
+    end
+    if res[1] ~= '0' then
+      redis.call('HSET', K_META, 'mstep', 'proxies', 'mcursor', res[1])
+      return false
+    end
+    step, cursor = 'sites', '0'
+  end
+  local res = redis.call('HSCAN', P .. ':sites', cursor, 'COUNT', MIGRATE_PAGE)
+  for i = 1, #res[2], 2 do
+    local site, c = res[2][i], res[2][i + 1]
+    if redis.call('EXISTS', site_key(site)) == 0 then
+      redis.call('HSET', site_key(site), 'c', c, 'seq', 0)
+      redis.call('PEXPIRE', site_key(site), idle)
+      redis.call('PEXPIRE', ready_key(site), idle)
+      redis.call('ZADD', K_SITEIDX, now + idle, site)
+    end
+  end
+  if res[1] ~= '0' then
+    redis.call('HSET', K_META, 'mstep', 'sites', 'mcursor', res[1])
+    return false
+  end
+  redis.call('DEL', P .. ':sites', P .. ':sitebuild')
+  redis.call('HDEL', K_META, 'mstep', 'mcursor')
+  redis.call('HSET', K_META, 'layout', '2')
+  return true
 end
 
 -- Forget ban entries whose strike window has passed (bounded work per call keeps memory bounded).
@@ -252,11 +345,9 @@ local function ban(scope, id, reason, base_ms, max_ms, jitter, window_ms, now)
   redis.call('ZADD', K_BANIDX, until_ms + window_ms, field)
   redis.call('HINCRBY', K_COUNTERS, 'q_started', 1)
   redis.call('HINCRBY', K_COUNTERS, 'q_ms', ttl)
-  if scope == '*' then
-    for _, site in ipairs(redis.call('HKEYS', K_SITES)) do hold_slots(site, id, until_ms) end
-  else
-    hold_slots(scope, id, until_ms)
-  end
+  -- A proxy-wide quarantine is not pushed into every site (that would cost sites x slots): each
+  -- lease checks the proxy it picks (see lease.lua) and defers it there.
+  if scope ~= '*' then hold_slots(scope, id, until_ms) end
   redis.call('HINCRBY', K_PSTATS, id .. ':ban', 1)
   redis.call('HINCRBY', K_SSTATS, scope .. ':ban', 1)
   redis.call('HINCRBY', K_SSTATS, scope .. ':ban:' .. reason, 1)

@@ -1,5 +1,6 @@
 -- add.lua: add proxies to a pool (or update their tags); new proxies are usable on every site the
--- pool already serves as soon as nothing holds their slots.
+-- pool already serves from that site's next lease on, as soon as nothing holds their slots.
+-- Cost: O(log N) per proxy, whatever the number of sites.
 -- KEYS[1]  pool prefix "{namespace:pool}"
 -- ARGV[1]  mode: "add", or "restore" (only into a pool that Redis lost: P:meta absent and no proxies;
 --          a pool an operator emptied with remove keeps P:meta and is left alone)
@@ -25,8 +26,7 @@ elseif mode ~= 'add' then
   return redis.error_reply('ERR scrapy-proxy-shard: add mode must be add or restore')
 end
 local warm = tonumber(ARGV[2])
-redis.call('HSETNX', K_META, 'created', istr(now))
-local sites = redis.call('HGETALL', K_SITES)
+if redis.call('EXISTS', K_META) == 0 then redis.call('HSET', K_META, 'created', istr(now), 'layout', '2') end
 local added, updated = 0, 0
 for i = 3, #ARGV, 3 do
   local id, url, tags = ARGV[i], ARGV[i + 1], ARGV[i + 2]
@@ -37,13 +37,8 @@ for i = 3, #ARGV, 3 do
       redis.call('HSET', K_BANS, field, istr(now + warm) .. '|0|restored|' .. istr(now))
       redis.call('ZADD', K_BANIDX, now + warm, field)
     end
-    for j = 1, #sites, 2 do
-      local ready = ready_key(sites[j])
-      for k = 0, tonumber(sites[j + 1]) - 1 do
-        local member = id .. '/' .. k
-        redis.call('ZADD', ready, 'NX', slot_free_at(sites[j], id, member, now), member)
-      end
-    end
+    -- Sites learn of it at their next lease (learn() in _lib.lua): no loop over sites here.
+    redis.call('ZADD', K_ORDER, redis.call('HINCRBY', K_META, 'seq', 1), id)
   else
     updated = updated + 1
   end

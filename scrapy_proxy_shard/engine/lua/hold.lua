@@ -3,6 +3,7 @@
 -- KEYS[1]  pool prefix "{namespace:pool}"
 -- ARGV[1]  site    ARGV[2]  member "<id>/<k>"    ARGV[3]  concurrency (slots per proxy, if the
 --          site is new)    ARGV[4]  TTL, ms    ARGV[5]  token    ARGV[6]  host id
+-- ARGV[7]  site idle TTL, ms (see lease.lua)
 -- Replies:
 --   {"OK", expires_ms, now_ms, url}  the slot is now held with this token (url: the proxy's URL)
 --   {"BUSY", wait_ms}           the slot is held, cooling or quarantined in Redis
@@ -11,7 +12,8 @@
 -- first OK again.
 
 local bad = check_strings({{1, 'site'}, {2, 'member'}, {5, 'token'}, {6, 'host'}})
-  or check_args({{3, 'concurrency', 1, MAX_CONCURRENCY}, {4, 'ttl ms', 1, MAX_MS}})
+  or check_args({{3, 'concurrency', 1, MAX_CONCURRENCY}, {4, 'ttl ms', 1, MAX_MS},
+    {7, 'site idle ttl ms', 1000, MAX_MS}})
 if bad then return redis.error_reply(bad) end
 local earlier = recall('hold', ARGV[5])
 if earlier then
@@ -23,16 +25,25 @@ if earlier then return earlier end
 local site, member = ARGV[1], ARGV[2]
 local concurrency, ttl = tonumber(ARGV[3]), tonumber(ARGV[4])
 local token, host = ARGV[5], ARGV[6]
+local idle = tonumber(ARGV[7])
 local now = now_ms()
+if not migrated(idle, now) then return {'BUSY', 1} end
 local url = redis.call('HGET', K_PROXIES, id_of(member) or '')
 if not url then return {'UNKNOWN'} end
-ensure_site(site, concurrency, now)
+local c = ensure_site(site, concurrency, now)
 local ready = ready_key(site)
 local score = redis.call('ZSCORE', ready, member)
-if not score then return {'UNKNOWN'} end
+if not score then
+  -- Not learnt by the site yet (a large pool): take it in now, if the site has that slot.
+  local k = tonumber(string.match(member, '/(%d+)$'))
+  if not k or k >= c then return {'UNKNOWN'} end
+  score = slot_free_at(site, id_of(member), member, now)
+  redis.call('ZADD', ready, 'NX', score, member)
+end
 score = tonumber(score)
 if score > now then return {'BUSY', score - now} end
 redis.call('ZADD', ready, now + ttl, member)
+touch_site(site, now + ttl, idle, now)
 redis.call('SET', lease_key(site, member), token .. '|' .. host .. '|' .. istr(now) .. '|', 'PX', ttl)
 redis.call('HINCRBY', K_PSTATS, id_of(member) .. ':l', 1)
 redis.call('HINCRBY', K_HSTATS, host .. ':l', 1)

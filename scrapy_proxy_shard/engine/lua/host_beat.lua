@@ -13,7 +13,8 @@
 --        leases/ok/err/banned (responses judged a ban): this host's counters in this pool since it registered; slots/free: the
 --        site's slots and how many are free right now
 --   {"IDLE"}  ARGV[4] was "0" and the host has nothing to do with this pool: nothing was written
--- Cost: O(sites * log N) plus at most 16 dead hosts forgotten and one hour of this host's buckets
+-- Cost: O(16 log N) (the 16 sites used most lately, see REPORT_SITES) plus at most 16 dead hosts
+-- forgotten and one hour of this host's buckets
 -- trimmed. Heartbeats are the only writers of P:hosts, P:host:*, P:load:*; no request path touches
 -- them, so a lease or release costs nothing extra.
 
@@ -58,7 +59,10 @@ redis.call('ZADD', K_HOSTS, now + ttl, host)
 local mine = host_counters(host)
 local reply = {'OK', now, redis.call('HLEN', K_PROXIES), redis.call('ZCOUNT', K_HOSTS, '(' .. now, '+inf'),
   total, mine[2], mine[3], mine[4]}
-local sites = redis.call('HKEYS', K_SITES)
+-- The sites used most lately (at most REPORT_SITES: a broad crawl's thousands of sites would make
+-- every beat cost sites x log N), and how many sites are live in all.
+local REPORT_SITES = 16
+local sites = redis.call('ZREVRANGEBYSCORE', K_SITEIDX, '+inf', '(' .. now, 'LIMIT', 0, REPORT_SITES)
 reply[#reply + 1] = #sites
 for _, site in ipairs(sites) do
   local ready = ready_key(site)

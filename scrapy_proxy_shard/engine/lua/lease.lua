@@ -7,6 +7,7 @@
 -- ARGV[5]  host id of the caller (for per-host counters)
 -- ARGV[6]  session id, or "" for a plain lease
 -- ARGV[7]  session TTL, ms (sliding; only with a session id)
+-- ARGV[8]  site idle TTL, ms: the site's state expires this long after its last hold ends
 -- Replies (flat arrays):
 --   {"OK", id, url, member, token, expires_ms, now_ms, session_flag, rebound_flag}
 --        session_flag 1: the lease is a use of a sticky session; rebound_flag 1: the session's
@@ -17,21 +18,25 @@
 --        it sooner (callers block on P:freed:<site> for at most wait_ms);
 --        "session": the session's own proxy is in use or inside its pacing interval
 --   {"EMPTY"}  the pool holds no proxies
--- Never OK without a URL: a ready member whose proxy is missing from P:proxies (lost by eviction or a
--- failover while its site survived) is dropped, at most ORPHANS_PER_CALL per call, and another is
--- picked. Arguments are checked before the first write (an error reply, no partial state), and a
+--   A pool written by an older version is migrated first, one page per call (WAIT 1 "pool" meanwhile).
+-- Never OK without a URL: a ready member whose proxy is missing from P:proxies (removed, or lost by
+-- eviction or a failover while its site survived) is dropped, and one whose proxy is quarantined
+-- proxy-wide is deferred (to the quarantine's end, re-checked at least every RECHECK_MS so an unban
+-- reaches every site soon); at most SKIPS_PER_CALL of both per call, then another is picked. Arguments are checked before the first write (an error reply, no partial state), and a
 -- repeated call with the same token (a client retry) answers the first OK again without writing.
--- Cost: O(log N) in the number of proxies (one ZRANGEBYSCORE LIMIT 1 + one ZADD). A new site's ZSET
--- is built 1000 proxies per call (an HSCAN page), so no call blocks Redis for O(N).
+-- Cost: O(log N) in the number of proxies (one ZRANGEBYSCORE LIMIT 1 + one ZADD). A site learns at
+-- most LEARN_CHUNK slots of new proxies per call (see learn() in _lib.lua), so no call blocks Redis
+-- for O(N) however large the pool or the number of sites.
 
 local bad = check_strings({{1, 'site'}, {4, 'token'}, {5, 'host'}, {6, 'session id', true}})
   or check_args({{2, 'concurrency', 1, MAX_CONCURRENCY}, {3, 'lease ttl ms', 1, MAX_MS},
-    {7, 'session ttl ms', 1, MAX_MS}})
+    {7, 'session ttl ms', 1, MAX_MS}, {8, 'site idle ttl ms', 1000, MAX_MS}})
 if bad then return redis.error_reply(bad) end
 local earlier = recall('lease', ARGV[4], 3)
 if earlier then return earlier end
 
-local ORPHANS_PER_CALL = 16
+local SKIPS_PER_CALL = 64
+local RECHECK_MS = 30000
 local site = ARGV[1]
 local concurrency = tonumber(ARGV[2])
 local ttl = tonumber(ARGV[3])
@@ -39,7 +44,9 @@ local token = ARGV[4]
 local host = ARGV[5]
 local sid = ARGV[6]
 local session_ttl = tonumber(ARGV[7])
+local idle = tonumber(ARGV[8])
 local now = now_ms()
+if not migrated(idle, now) then return {'WAIT', 1, 'pool'} end
 local ready = ready_key(site)
 local rebound = 0
 local S = nil
@@ -66,6 +73,7 @@ if sid ~= '' then
       redis.call('SET', lease_key(site, member), token .. '|' .. host .. '|' .. istr(now) .. '|' .. sid,
         'PX', session_ttl)
       redis.call('ZADD', ready, 'XX', now + session_ttl, member)
+      touch_site(site, now + session_ttl, idle, now)
       count_lease(id)
       return remember('lease', token,
         {'OK', id, redis.call('HGET', K_PROXIES, id), member, token, now + ttl, now, 1, 0}, 3)
@@ -91,26 +99,38 @@ end
 local _, built = ensure_site(site, concurrency, now)
 local found = redis.call('ZRANGEBYSCORE', ready, '-inf', now, 'LIMIT', 0, 1)
 local pages = 0
-while #found == 0 and not built and pages < 16 do  -- still building: the free ones may be unbuilt
+while #found == 0 and not built and pages < 1 do  -- still learning: the free ones may be unlearnt
   built = continue_build(site, now)
   found = redis.call('ZRANGEBYSCORE', ready, '-inf', now, 'LIMIT', 0, 1)
   pages = pages + 1
 end
 local url = nil
-local orphans = 0
+local skips = 0
 while #found > 0 do
-  url = redis.call('HGET', K_PROXIES, id_of(found[1]))
-  if url then break end
-  redis.call('ZREM', ready, found[1])  -- an orphan: its proxy is gone from the pool
-  orphans = orphans + 1
-  if orphans >= ORPHANS_PER_CALL then return {'WAIT', 1, 'pool'} end
+  local cand = id_of(found[1])
+  url = redis.call('HGET', K_PROXIES, cand)
+  if url then
+    local b = ban_entry_until('*|' .. cand)
+    if b <= now then break end
+    if b > now + RECHECK_MS then b = now + RECHECK_MS end
+    redis.call('ZADD', ready, b, found[1])  -- quarantined proxy-wide: look again later
+    url = nil
+  else
+    redis.call('ZREM', ready, found[1])  -- its proxy is gone from the pool
+  end
+  skips = skips + 1
+  if skips >= SKIPS_PER_CALL then
+    touch_site(site, now, idle, now)
+    return {'WAIT', 1, 'pool'}
+  end
   found = redis.call('ZRANGEBYSCORE', ready, '-inf', now, 'LIMIT', 0, 1)
 end
 if #found == 0 then
   local first = redis.call('ZRANGE', ready, 0, 0, 'WITHSCORES')
+  touch_site(site, now, idle, now)
   if #first == 0 then
     if built then return {'EMPTY'} end
-    return {'WAIT', 1, 'pool'}  -- a very large pool still being built: go on next call
+    return {'WAIT', 1, 'pool'}  -- a very large pool still being learnt: go on next call
   end
   local wait = tonumber(first[2]) - now
   if wait < 1 then wait = 1 end
@@ -133,6 +153,7 @@ if S then
   redis.call('PEXPIRE', S, session_ttl)
 end
 redis.call('ZADD', ready, hold, member)
+touch_site(site, hold, idle, now)
 redis.call('SET', lease_key(site, member), token .. '|' .. host .. '|' .. istr(now) .. '|' .. sid,
   'PX', lease_ttl)
 count_lease(id)

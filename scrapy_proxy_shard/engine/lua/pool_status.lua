@@ -18,14 +18,14 @@
 --        slot whose proxy is quarantined is "banned" too), "cooling" (resting after a release, or
 --        a lease that expired without release). host and session_id are "" when not held; uses and
 --        session_ttl_ms are 0 outside sessions. n_busy is 0 without ARGV[2].
---   {"UNKNOWN"}  the site has not been used with this pool yet
+--   {"UNKNOWN"}  the site has not been used with this pool lately (never, or idle past its idle TTL)
 -- Cost: O(log N + offset + chunk) with three bulk reads per chunk (ZRANGEBYSCORE, MGET, HMGET), so a
 -- status or a scrape never blocks Redis for long however big the pool (1-3 ms per 256 busy
 -- slots); chunks are not one atomic view (a slot leased or released between two calls may be counted
 -- in either state). Lease tokens are never returned.
 
 local site, detail = ARGV[1], ARGV[2] == '1'
-local c = redis.call('HGET', K_SITES, site)
+local c = redis.call('HGET', site_key(site), 'c')
 if not c then return {'UNKNOWN'} end
 local now = tonumber(ARGV[3])
 if now == 0 then now = now_ms() end

@@ -5,7 +5,8 @@
 -- Replies:
 --   {"OK", lifted}  lifted 1 if a quarantine entry existed, 0 if there was none
 -- Slots that are held (a running lease or sticky session) keep their hold; free slots become usable
--- at once unless another quarantine of the proxy still runs.
+-- at once unless another quarantine of the proxy still runs (after a proxy-wide unban: within 30 s
+-- on sites whose leases met the quarantine).
 
 local scope, id = ARGV[1], ARGV[2]
 local now = now_ms()
@@ -14,15 +15,16 @@ local cut = ban_entry_until(field) - now
 if cut > 0 then redis.call('HINCRBY', K_COUNTERS, 'q_ms', -cut) end  -- mean quarantine: time served
 local lifted = redis.call('HDEL', K_BANS, field)
 redis.call('ZREM', K_BANIDX, field)
-local sites = {scope}
-if scope == '*' then sites = redis.call('HKEYS', K_SITES) end
-for _, site in ipairs(sites) do
-  local c = redis.call('HGET', K_SITES, site)
+-- A site-wide quarantine pushed the proxy's slots on that site (hold_slots): bring them back. A
+-- proxy-wide one was never pushed into the sites; leases that met it deferred it by at most
+-- RECHECK_MS (lease.lua), so it is back everywhere within that time without a loop over sites.
+if scope ~= '*' then
+  local c = redis.call('HGET', site_key(scope), 'c')
   if c then
-    local ready = ready_key(site)
+    local ready = ready_key(scope)
     for k = 0, tonumber(c) - 1 do
       local member = id .. '/' .. k
-      redis.call('ZADD', ready, 'XX', slot_free_at(site, id, member, now), member)
+      redis.call('ZADD', ready, 'XX', slot_free_at(scope, id, member, now), member)
     end
   end
 end
