@@ -77,9 +77,15 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_LINES] = select_redis_lines(found, config.getoption("--redis-lines"), _on_ci())
 
 
-def pytest_report_header(config: pytest.Config) -> str:
+def pytest_report_header(config: pytest.Config) -> list[str]:
     lines = ", ".join(f"{b.line} ({b.version}, {b.path})" for b in config.stash[_LINES])
-    return f"redis-server lines: {lines}" + ("  [CI: all required]" if _on_ci() else "")
+    from scrapy_proxy_shard.demo.nginx_stack import binary_versions, missing_binaries
+
+    missing = missing_binaries()
+    stack = ("missing " + ", ".join(missing)) if missing else \
+        ", ".join(f"{name} {version}" for name, version in binary_versions().items())
+    return [f"redis-server lines: {lines}" + ("  [CI: all required]" if _on_ci() else ""),
+            f"nginx stack: {stack}" + ("  [CI: required]" if _on_ci() else "")]
 
 
 def _line_id(binary: RedisBinary) -> str:
@@ -199,3 +205,19 @@ def make_store(backend):
 @pytest.fixture
 def store(make_store):
     return make_store()
+
+
+@pytest.fixture(scope="session")
+def nginx_stack_installed() -> None:
+    """The stock nginx/tinyproxy stack's binaries (scrapy_proxy_shard/demo/nginx_stack.py). Locally, a
+    missing one skips the test with the apt-get line to run; under CI=true it fails it, never skips
+    (.ci/run installs them, as it installs redis-server)."""
+    from scrapy_proxy_shard.demo.nginx_stack import APT_PACKAGES, missing_binaries
+
+    missing = missing_binaries()
+    if missing:
+        message = (f"the nginx/tinyproxy stack is not installed: missing {', '.join(missing)}; "
+                   f"install it with `sudo apt-get install {' '.join(APT_PACKAGES)}`")
+        if _on_ci():
+            pytest.fail(f"CI=true requires the nginx stack, {message}", pytrace=False)
+        pytest.skip(message)
