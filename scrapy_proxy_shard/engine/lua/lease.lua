@@ -15,7 +15,9 @@
 --        reason "pool": the earliest slot is cooling or quarantined: it frees exactly then;
 --        "held": the earliest slot is leased: wait_ms is its lease expiry, but a release may free
 --        it sooner (callers block on P:freed:<site> for at most wait_ms);
---        "session": the session's own proxy is in use or inside its pacing interval
+--        "session": the session's own proxy is in use or inside its pacing interval;
+--        "breaker": the site's circuit breaker is open (wait_ms until probing starts) or half-open
+--        with its probe in flight (wait_ms until the probe lease expires; a release may come sooner)
 --   {"EMPTY"}  the pool holds no proxies
 -- Never OK without a URL: a ready member whose proxy is missing from P:proxies (lost by eviction or a
 -- failover while its site survived) is dropped, at most ORPHANS_PER_CALL per call, and another is
@@ -43,6 +45,9 @@ local now = now_ms()
 local ready = ready_key(site)
 local rebound = 0
 local S = nil
+-- The site's circuit breaker first: open, no lease on any host; half-open, this lease is the probe.
+local breaker_wait, probing = breaker_gate(site, now)
+if breaker_wait then return breaker_wait end
 
 local function count_lease(id)
   redis.call('HINCRBY', K_PSTATS, id .. ':l', 1)
@@ -67,6 +72,7 @@ if sid ~= '' then
         'PX', session_ttl)
       redis.call('ZADD', ready, 'XX', now + session_ttl, member)
       count_lease(id)
+      if probing then breaker_probe_taken(site, token, now + ttl) end
       return remember('lease', token,
         {'OK', id, redis.call('HGET', K_PROXIES, id), member, token, now + ttl, now, 1, 0}, 3)
     end
@@ -136,4 +142,5 @@ redis.call('ZADD', ready, hold, member)
 redis.call('SET', lease_key(site, member), token .. '|' .. host .. '|' .. istr(now) .. '|' .. sid,
   'PX', lease_ttl)
 count_lease(id)
+if probing then breaker_probe_taken(site, token, now + ttl) end
 return remember('lease', token, {'OK', id, url, member, token, now + ttl, now, session_flag, rebound}, 3)
