@@ -153,8 +153,8 @@ class BanDetectionMiddleware:
         spider = spider or self.crawler.spider
         verdict = self._response_verdict(request, response, spider)
         if verdict.kind in ("ban", "dead"):
-            await self.runtime.finish(request, verdict.kind, reason=verdict.reason)
-            return self._retry(request, verdict, spider)
+            result = await self.runtime.finish(request, verdict.kind, reason=verdict.reason)
+            return self._retry(request, verdict, spider, charge=not _spared(result))
         await self.runtime.finish(request, "ok" if verdict.kind == "fine" else "unknown")
         return response
 
@@ -166,9 +166,9 @@ class BanDetectionMiddleware:
         verdict = self._exception_verdict(request, exception, spider)
         if verdict.kind not in ("ban", "dead"):
             return None  # ProxyShardMiddleware releases it as an error
-        await self.runtime.finish(request, verdict.kind, reason=verdict.reason)
+        result = await self.runtime.finish(request, verdict.kind, reason=verdict.reason)
         try:
-            return self._retry(request, verdict, spider)
+            return self._retry(request, verdict, spider, charge=not _spared(result))
         except ProxyBanned:
             return None  # budget spent: the original exception reaches the errback
 
@@ -187,8 +187,11 @@ class BanDetectionMiddleware:
             return Verdict("ban", "spider_exception") if said else Verdict("unknown")
         return self.policy.exception_verdict(request, exception)
 
-    def _retry(self, request: Request, verdict: Verdict, spider: Spider) -> Request:
+    def _retry(self, request: Request, verdict: Verdict, spider: Spider, *, charge: bool = True) -> Request:
         """A copy of ``request`` for another proxy, or ProxyBanned once the budget is spent.
+
+        ``charge=False``: the site's circuit breaker spared the proxy (the site rejects everyone), so
+        the retry waits for the breaker and costs nothing of the ban budget.
 
         Scrapy's ``get_retry_request`` does the copy, priority, logging and stats
         (``proxy_shard/ban_retries/count``, ``.../reason_count/<reason>``, ``.../max_reached``).
@@ -219,8 +222,14 @@ class BanDetectionMiddleware:
             retry.meta.pop("retry_times", None)
         else:
             retry.meta["retry_times"] = retry_times
-        retry.meta["proxy_shard_ban_retries"] = done + 1
+        retry.meta["proxy_shard_ban_retries"] = done + 1 if charge else done
         return retry
+
+
+def _spared(result: Any) -> bool:
+    """The release's ban was spared by the site's circuit breaker (open or half-open: no quarantine)."""
+    event = getattr(result, "breaker", None)
+    return event is not None and event.kind in ("spared", "reopened")
 
 
 def _session_id(request: Request, stats: Any) -> str | None:

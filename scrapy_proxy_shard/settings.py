@@ -25,6 +25,7 @@ from scrapy.exceptions import ScrapyDeprecationWarning
 from scrapy.settings import BaseSettings
 
 from scrapy_proxy_shard.engine.bans import BanOptions
+from scrapy_proxy_shard.engine.breaker import BreakerOptions
 from scrapy_proxy_shard.engine.proxies import mask, parse_proxy
 from scrapy_proxy_shard.engine.schema import check_name
 from scrapy_proxy_shard.exceptions import SettingError
@@ -108,6 +109,13 @@ DEFAULTS: dict[str, Any] = {
     "PROXY_SHARD_FALLBACK_WARMUP": 5.0,
     "PROXY_SHARD_SNAPSHOT_INTERVAL": 5.0,
     "PROXY_SHARD_METRICS_TOP_SITES": 50,
+    "PROXY_SHARD_BREAKER_ENABLED": True,
+    "PROXY_SHARD_BREAKER_THRESHOLD": 5,
+    "PROXY_SHARD_BREAKER_MIN_PROXIES": 3,
+    "PROXY_SHARD_BREAKER_WINDOW": 60.0,
+    "PROXY_SHARD_BREAKER_COOLOFF": 30.0,
+    "PROXY_SHARD_BREAKER_MAX_COOLOFF": 600.0,
+    "PROXY_SHARD_BREAKER_PROBES": 3,
 }
 
 MODES = ("auto", "redis", "embedded", "static")
@@ -116,7 +124,10 @@ EVICTION_CHOICES = ("refuse", "warn")
 #: Options of a ``PROXY_SHARD_SITES`` entry: pacing for the lease engine, content rules for the policy.
 SITE_PACING_OPTIONS = ("concurrency", "min_interval", "rest_after_response", "randomize_interval")
 SITE_POLICY_OPTIONS = ("required_css", "min_body_size", "min_body_ratio", "ban_codes", "challenge_patterns")
-SITE_OPTIONS = SITE_PACING_OPTIONS + SITE_POLICY_OPTIONS
+#: The site circuit breaker's options (``PROXY_SHARD_BREAKER_<NAME>`` as ``breaker_<name>``).
+BREAKER_FIELDS = ("threshold", "min_proxies", "window", "cooloff", "max_cooloff", "probes")
+SITE_BREAKER_OPTIONS = ("breaker_enabled", *(f"breaker_{name}" for name in BREAKER_FIELDS))
+SITE_OPTIONS = SITE_PACING_OPTIONS + SITE_POLICY_OPTIONS + SITE_BREAKER_OPTIONS
 #: Old per-site option names still accepted (with a deprecation warning): old name -> new name.
 RENAMED_SITE_OPTIONS = {"captcha_patterns": "challenge_patterns"}
 
@@ -130,6 +141,8 @@ MAX_BAN_TTL = 30 * 86400.0
 MAX_STRIKE_WINDOW = 365 * 86400.0
 MAX_CONCURRENCY = 1000  # slots per proxy and site (MAX_CONCURRENCY in lua/_lib.lua)
 MAX_PERIOD = 3600.0  # heartbeat, snapshot, fallback grace and warm-up
+MAX_BREAKER_COUNT = 1000  # breaker threshold and min proxies
+MAX_BREAKER_PROBES = 100
 
 
 @dataclass(frozen=True)
@@ -269,6 +282,10 @@ class ShardSettings:
     snapshot_interval: float
     #: Per pool, the sites the Prometheus exporter gives series of their own (the rest: site="_other").
     metrics_top_sites: int
+    #: The site circuit breaker: on or off, its options, and the sites that set their own (None: off).
+    breaker_enabled: bool
+    breaker: BreakerOptions
+    breakers: Mapping[str, BreakerOptions | None]
 
     ATTRIBUTE = "_proxy_shard_settings"
 
@@ -323,6 +340,7 @@ class ShardSettings:
         site_entries = _site_entries(s)
         sites = _sites(site_entries, pacing)
         site_idle_ttl = _site_idle_ttl(get, pacing, sites)
+        breaker = _breaker(get, lambda f: f"PROXY_SHARD_BREAKER_{f.upper()}", BreakerOptions())
         return cls(
             enabled=_boolean(s, "PROXY_SHARD_ENABLED"),
             redis_url=redis_url,
@@ -365,7 +383,16 @@ class ShardSettings:
             fallback_warmup=_number(get, "PROXY_SHARD_FALLBACK_WARMUP", minimum=0.0, maximum=MAX_PERIOD),
             snapshot_interval=_number(get, "PROXY_SHARD_SNAPSHOT_INTERVAL", minimum=0.1, maximum=MAX_PERIOD),
             metrics_top_sites=_integer(get, "PROXY_SHARD_METRICS_TOP_SITES", minimum=1, maximum=100_000),
+            breaker_enabled=_boolean(s, "PROXY_SHARD_BREAKER_ENABLED"),
+            breaker=breaker,
+            breakers=_site_breakers(site_entries, breaker),
         )
+
+    def breaker_for(self, site: str) -> BreakerOptions | None:
+        """The circuit breaker's options for a site key (None: the breaker is off for it)."""
+        if site in self.breakers:
+            return self.breakers[site]
+        return self.breaker if self.breaker_enabled else None
 
     def site_options(self, site: str) -> SiteOptions:
         """Pacing for a site key (a registrable domain or a site group)."""
@@ -536,6 +563,45 @@ def _sites(entries: list[tuple[str, str, dict[str, Any]]], pacing: SiteOptions) 
                     maximum=MAX_INTERVAL),
             randomize,
         )
+    return out
+
+
+def _breaker(get, name: Callable[[str], str], base: BreakerOptions) -> BreakerOptions:
+    """The breaker's options read through ``get`` under the names ``name(field)`` gives (the global
+    settings, or a site's ``breaker_*`` options), ``base`` where none is set."""
+    threshold = _integer(get, name("threshold"), base.threshold, minimum=1, maximum=MAX_BREAKER_COUNT)
+    min_proxies = _integer(get, name("min_proxies"), base.min_proxies, minimum=1, maximum=MAX_BREAKER_COUNT)
+    if min_proxies > threshold:
+        raise SettingError(f"{name('min_proxies')} ({min_proxies}) must be <= {name('threshold')} ({threshold}): "
+                           "the breaker counts quarantines, each from one proxy")
+    cooloff = _number(get, name("cooloff"), base.cooloff, minimum=0.001, maximum=MAX_BAN_TTL)
+    max_cooloff = _number(get, name("max_cooloff"), base.max_cooloff, minimum=0.001, maximum=MAX_BAN_TTL)
+    if max_cooloff < cooloff:
+        raise SettingError(f"{name('max_cooloff')} ({max_cooloff!r}) must be >= {name('cooloff')} ({cooloff!r})")
+    return BreakerOptions(
+        threshold=threshold, min_proxies=min_proxies,
+        window=_number(get, name("window"), base.window, minimum=0.001, maximum=MAX_STRIKE_WINDOW),
+        cooloff=cooloff, max_cooloff=max_cooloff,
+        probes=_integer(get, name("probes"), base.probes, minimum=1, maximum=MAX_BREAKER_PROBES),
+    )
+
+
+def _site_breakers(entries: list[tuple[str, str, dict[str, Any]]],
+                   base: BreakerOptions) -> dict[str, BreakerOptions | None]:
+    """The breaker of each site that sets a ``breaker_*`` option (None: off there), the global values
+    where it sets none; ``breaker_enabled`` alone switches it on or off for the site."""
+    out: dict[str, BreakerOptions | None] = {}
+    for key, label, options in entries:
+        if not any(name in options for name in SITE_BREAKER_OPTIONS):
+            continue
+        def site_get(name: str, default: Any = None, _options=options) -> Any:
+            return _options.get(name.rsplit(".", 1)[-1], default)
+
+        breaker = _breaker(site_get, lambda f, _label=label: f"{_label}.breaker_{f}", base)
+        enabled = True
+        if "breaker_enabled" in options:
+            enabled = _boolean(BaseSettings({"e": options["breaker_enabled"]}), "e", label=f"{label}.breaker_enabled")
+        out[key] = breaker if enabled else None
     return out
 
 

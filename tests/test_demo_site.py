@@ -300,6 +300,7 @@ LOG_FIELDS = {
     "violation",
     "banned",
     "ban_style",
+    "blackout",
     "flow_id",
     "step",
     "ip_changed",

@@ -20,6 +20,7 @@ from scrapy import Request, signals
 from scrapy_proxy_shard import signals as shard_signals
 from scrapy_proxy_shard.crawl.health import HostMonitor
 from scrapy_proxy_shard.crawl.startup import StartupGate, check_eviction
+from scrapy_proxy_shard.engine.breaker import BreakerEvent
 from scrapy_proxy_shard.engine.schema import check_name
 from scrapy_proxy_shard.engine.sites import SiteMap, site_of_request
 from scrapy_proxy_shard.engine.store import Lease, LeaseWait, PoolBackend, ReleaseResult
@@ -343,6 +344,7 @@ class ShardRuntime:
         loop = asyncio.get_running_loop()
         restored = False
         waits = 0
+        breaker_waits = 0
         while True:
             self._check_stopping(pool, site)
             started = loop.time()
@@ -369,12 +371,20 @@ class ShardRuntime:
                 self.stats.inc_value(f"{STATS}/wait/gave_up")
                 raise NoProxyAvailable(
                     f"no proxy of pool {pool!r} became free for site {site!r} within "
-                    f"PROXY_SHARD_MAX_WAIT ({s.max_wait:g}s)"
+                    f"PROXY_SHARD_MAX_WAIT ({s.max_wait:g}s)" + _breaker_note(result)
                 )
             if waits == 0:
                 self.stats.inc_value(f"{STATS}/waits")
             waits += 1
-            await self._until(self._wait(pool, site, result, deadline - loop.time()), deadline, pool, site)
+            if result.reason == "breaker" and breaker_waits == 0:
+                self.stats.inc_value(f"{STATS}/breaker/waits")  # requests held back by an open breaker
+                breaker_waits += 1
+            try:
+                await self._until(self._wait(pool, site, result, deadline - loop.time()), deadline, pool, site)
+            except NoProxyAvailable as exc:
+                if result.reason != "breaker" or self._crawl_stopping():
+                    raise
+                raise NoProxyAvailable(f"{exc}{_breaker_note(result)}") from None
             rest = MIN_PAUSE / 5 - (loop.time() - started)
             if rest > 0:  # a wake-up that came at once (a stale freed entry): still not a busy loop
                 await self._until(asyncio.sleep(rest), deadline, pool, site)
@@ -556,7 +566,10 @@ class ShardRuntime:
         self.stats.inc_value(f"{STATS}/release/{result.status}")
         self.crawler.signals.send_catch_log(shard_signals.lease_released, request=request, lease=lease,
                                             outcome=outcome, reason=reason, result=result)
-        if outcome in ("ban", "dead"):
+        if outcome in ("ban", "dead") and result.ban_until is None and result.breaker is not None:
+            self.stats.inc_value(f"{STATS}/bans")  # a response judged a ban, but the breaker spared the proxy
+            self.stats.inc_value(f"{STATS}/bans/reason/{reason or outcome}")
+        elif outcome in ("ban", "dead"):
             self.stats.inc_value(f"{STATS}/bans")
             self.stats.inc_value(f"{STATS}/bans/reason/{reason or outcome}")
             if outcome == "dead":
@@ -567,10 +580,45 @@ class ShardRuntime:
                  "reason": reason or outcome, "strikes": result.strikes,
                  "ttl": (result.ban_until or result.now) - result.now},
             )
+        if result.breaker is not None:
+            self._breaker_event(lease, result.breaker, reason or outcome)
         if lease.session_id and request.meta.get("proxy_shard_end_session"):
             await self.store.end_session(lease.pool, lease.site, lease.session_id,
                                          min_interval=self.settings.site_options(lease.site).min_interval)
         return result
+
+    def _breaker_event(self, lease: Lease, event: BreakerEvent, reason: str) -> None:
+        """Count and log what a release did to its site's circuit breaker (the engine decided it once,
+        for every host: only the host whose release changed it logs the change)."""
+        self.stats.inc_value(f"{STATS}/breaker/{event.kind}")
+        where = {"site": lease.site, "pool": lease.pool, "cool": event.cooloff, "proxy": lease.proxy_id,
+                 "reason": reason}
+        if event.kind == "opened":
+            reasons = ", ".join(f"{name} x{n}" for name, n in sorted((event.reasons or {}).items()))
+            logger.warning(
+                "proxy_shard: circuit breaker OPEN for site %(site)s (pool %(pool)r): %(bans)d quarantines from "
+                "%(proxies)d distinct proxies within %(window)gs with no successful response between (%(reasons)s): "
+                "the site rejects everyone, not one IP. No lease for it on any host for %(cool)gs, then one probe "
+                "at a time; bans on it quarantine no proxy meanwhile",
+                {**where, "bans": event.bans, "proxies": event.proxies, "window": event.window, "reasons": reasons},
+            )
+        elif event.kind == "reopened":
+            logger.warning("proxy_shard: circuit breaker for site %(site)s (pool %(pool)r) re-opened: its probe "
+                           "through proxy %(proxy)s was rejected (%(reason)s); next probe in %(cool)gs", where)
+        elif event.kind == "closed":
+            logger.warning("proxy_shard: circuit breaker for site %(site)s (pool %(pool)r) closed: a probe through "
+                           "proxy %(proxy)s was answered fine; leasing resumes on every host", where)
+        else:
+            logger.debug("proxy_shard: ban on %(site)s (%(reason)s) while its circuit breaker is open: proxy "
+                         "%(proxy)s not quarantined", where)
+
+
+def _breaker_note(wait: LeaseWait) -> str:
+    """What a gave-up message adds when the wait was an open circuit breaker."""
+    if wait.reason != "breaker":
+        return ""
+    return ("; the site's circuit breaker is open (the site rejected every proxy lately): a request may wait "
+            "through a cool-off only if PROXY_SHARD_MAX_WAIT is longer than PROXY_SHARD_BREAKER_COOLOFF")
 
 
 def _injected_store_factory(crawler: Any, settings: ShardSettings) -> Callable[[], PoolBackend] | None:

@@ -43,6 +43,9 @@ class SiteRules:
     ban_styles: tuple[str, ...] = BAN_STYLES
     #: Client IPs this site has blacklisted already (a "burnt" proxy): always served a ban.
     burnt_ips: frozenset[str] = frozenset()
+    #: Seconds, from the site's first request, during which it rejects every client (its rules
+    #: changed, the crawler's headers are flagged): every request is served a ban, whatever its IP.
+    blackout: float = 0.0
 
     def __post_init__(self) -> None:
         styles = tuple(self.ban_styles)
@@ -52,8 +55,8 @@ class SiteRules:
             raise ValueError(f"ban_styles must be a non-empty subset of {BAN_STYLES}")
         if self.max_concurrency < 1:
             raise ValueError("max_concurrency must be >= 1")
-        if min(self.latency, self.min_interval, self.ban_seconds) < 0:
-            raise ValueError("latency, min_interval and ban_seconds must be >= 0")
+        if min(self.latency, self.min_interval, self.ban_seconds, self.blackout) < 0:
+            raise ValueError("latency, min_interval, ban_seconds and blackout must be >= 0")
 
 
 @dataclass
@@ -79,6 +82,8 @@ class Verdict:
     retry_after: int
     #: The slot the request holds while in flight; None for exempt paths.
     client: ClientState | None
+    #: Whether the site rejected everyone at that moment (its blackout), not this client.
+    blackout: bool = False
 
 
 class AntiBot:
@@ -87,6 +92,7 @@ class AntiBot:
     def __init__(self) -> None:
         self._clients: dict[tuple[str, str], ClientState] = {}
         self._ban_counter = 0
+        self._first_request: dict[str, float] = {}  # site -> time of its first counted request
 
     def admit(self, ip: str, site: str, rules: SiteRules, route: str, now: float) -> Verdict:
         """Judge a request starting at ``now`` and count it in flight (call :meth:`release`)."""
@@ -96,7 +102,9 @@ class AntiBot:
         if not exempt:
             violation = check_rules(client, rules, now)
             client.in_flight += 1
-        banned = client.banned_until > now or ip in rules.burnt_ips
+        first = self._first_request.setdefault(site, now) if not exempt else self._first_request.get(site, now)
+        blackout = now < first + rules.blackout
+        banned = client.banned_until > now or ip in rules.burnt_ips or blackout
         style = None
         if banned and not exempt:
             # One site-wide counter: deterministic for a given request order, and it spreads
@@ -104,7 +112,7 @@ class AntiBot:
             style = rules.ban_styles[self._ban_counter % len(rules.ban_styles)]
             self._ban_counter += 1
         retry_after = max(1, math.ceil(client.banned_until - now))
-        return Verdict(violation, banned, style, retry_after, None if exempt else client)
+        return Verdict(violation, banned, style, retry_after, None if exempt else client, blackout)
 
     @staticmethod
     def release(verdict: Verdict) -> None:

@@ -73,6 +73,9 @@ class DemoConfig:
     injector: Injector | None = None
     #: Extra redis-server arguments (e.g. ``--enable-debug-command local`` for a stall test).
     redis_args: tuple[str, ...] = ()
+    #: Sites that reject every client for this many seconds after their first request (the site
+    #: circuit breaker's case).
+    blackout: dict[str, float] = field(default_factory=dict)
 
     def shard_pages(self, host: int) -> set[tuple[str, str]]:
         return {(site, path) for site, path in self.expected_pages
@@ -264,7 +267,8 @@ def _start_site(config: DemoConfig, workdir: Path, log: Path, children: list) ->
     burnt = ";".join(f"{site}={'+'.join(ips)}" for site, ips in config.burnt.items())
     cmd = [sys.executable, "-m", "scrapy_proxy_shard.demo.site", "--port", "0", "--log", str(log),
            "--ready-file", str(ready), "--sites", ",".join(config.sites), "--pages-per-site", str(config.pages),
-           "--flow-steps", str(config.flow_steps), "--burnt", burnt]
+           "--flow-steps", str(config.flow_steps), "--burnt", burnt,
+           "--blackout", ";".join(f"{site}={seconds}" for site, seconds in config.blackout.items())]
     children.append(_spawn(cmd, workdir / "site.out"))
     return int(_wait_file(ready, children[-1]).strip())
 

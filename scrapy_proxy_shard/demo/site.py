@@ -276,6 +276,7 @@ class AntiBotSite:
             "violation": None,
             "banned": False,
             "ban_style": None,
+            "blackout": False,
             "flow_id": None,
             "step": None,
             "ip_changed": None,
@@ -289,7 +290,8 @@ class AntiBotSite:
             rules = self.rules_for(site)
             latency = rules.latency
             verdict = self._antibot.admit(ip, site, rules, route, now)
-            entry.update(violation=verdict.violation, banned=verdict.banned, ban_style=verdict.ban_style)
+            entry.update(violation=verdict.violation, banned=verdict.banned, ban_style=verdict.ban_style,
+                         blackout=verdict.blackout)
             if verdict.ban_style is not None:
                 reply = self._ban_reply(verdict.ban_style, verdict.retry_after, path)
             else:
@@ -460,6 +462,11 @@ def _build_parser() -> argparse.ArgumentParser:
         default="",
         help="IPs a site has blacklisted already: 'site=ip+ip;site=ip' (always served a ban there)",
     )
+    p.add_argument(
+        "--blackout",
+        default="",
+        help="sites that reject every client for a while after their first request: 'site=seconds;site=seconds'",
+    )
     return p
 
 
@@ -474,6 +481,21 @@ def parse_burnt(text: str) -> dict[str, frozenset[str]]:
     return out
 
 
+def parse_blackout(text: str) -> dict[str, float]:
+    """'market.test=6;shop-a.test=2.5' -> {site: seconds}."""
+    out: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        site, sep, seconds = part.partition("=")
+        try:
+            value = float(seconds)
+        except ValueError:
+            value = -1.0
+        if not sep or not site.strip() or not value >= 0:
+            raise ValueError(f"--blackout: expected site=seconds, got {part!r}")
+        out[site.strip()] = value
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     rules = SiteRules(
@@ -484,10 +506,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         ban_styles=tuple(s.strip() for s in args.ban_styles.split(",") if s.strip()),
     )
     burnt = parse_burnt(args.burnt)
+    blackout = parse_blackout(args.blackout)
     site = AntiBotSite(
         sites=[s.strip() for s in args.sites.split(",") if s.strip()],
         rules=rules,
-        site_rules={name: dataclasses.replace(rules, burnt_ips=ips) for name, ips in burnt.items()},
+        site_rules={name: dataclasses.replace(rules, burnt_ips=burnt.get(name, frozenset()),
+                                              blackout=blackout.get(name, 0.0))
+                    for name in {*burnt, *blackout}},
         pages_per_site=args.pages_per_site,
         flow_steps=args.flow_steps,
         log_path=args.log,

@@ -37,8 +37,10 @@ HOST = "host"            # HASH per host: heartbeat times and info
 LOAD = "load"            # HASH per host: minute -> leases taken
 DONE = "done"            # STRING per (op, token): the memoised reply of a write script
 META = "meta"            # HASH created=ms (the pool was loaded once), seq, layout; mstep/mcursor while migrating
+BREAKER = "breaker"      # HASH per site: the site's circuit breaker (no key: closed)
+BREAKER_SEEN = "brkseen"  # ZSET per site: quarantines started since the site's last ok (breaker evidence)
 KEY_SUFFIXES = (PROXIES, TAGS, ORDER, SITE, SITEIDX, READY, LEASE, SESSION, BANS, BANIDX, PSTATS, HSTATS, SSTATS,
-                COUNTERS, WAITING, FREED, HOSTS, HOST, LOAD, DONE, META)
+                COUNTERS, WAITING, FREED, HOSTS, HOST, LOAD, DONE, META, BREAKER, BREAKER_SEEN)
 #: Keys of the layout before sites learnt proxies lazily (read only by the in-place migration).
 LEGACY_KEY_SUFFIXES = ("sites", "sitebuild")
 #: The hashes ``PoolStore.counters`` reads.
@@ -56,7 +58,12 @@ EXPIRED = "expired"      # releases of a lease that had expired, unclaimed (pool
 REBINDS = "rebinds"      # sticky sessions moved to another proxy (pool)
 Q_STARTED = "q_started"  # quarantines started (pool)
 Q_MS = "q_ms"            # their total length in ms, less what unban cut short (pool)
-COUNTER_FIELDS = (LEASES, OK, ERRORS, BANNED, QUARANTINES, LATENCY, STALE, EXPIRED, REBINDS, Q_STARTED, Q_MS)
+BREAKER_OPENED = "brk_open"      # site circuit breaker opened (site)
+BREAKER_REOPENED = "brk_reopen"  # re-opened after a probe was banned or a round of probes ran out (site)
+BREAKER_CLOSED = "brk_close"     # closed by a probe answered fine (site)
+BREAKER_SPARED = "brk_spared"    # bans while open or half-open: no quarantine, no strike (site)
+COUNTER_FIELDS = (LEASES, OK, ERRORS, BANNED, QUARANTINES, LATENCY, STALE, EXPIRED, REBINDS, Q_STARTED, Q_MS,
+                  BREAKER_OPENED, BREAKER_REOPENED, BREAKER_CLOSED, BREAKER_SPARED)
 #: Field of a session hash (``SESSION`` key): the id of the proxy the session is bound to.
 SESSION_PROXY = "p"
 #: Before the rename, hosts counted responses judged a ban as ``<host>:ban``; a pool written by an
@@ -126,6 +133,10 @@ def session_key(prefix: str, site: str, session_id: str) -> str:
 
 def freed_key(prefix: str, site: str) -> str:
     return f"{prefix}:{FREED}:{site}"
+
+
+def breaker_key(prefix: str, site: str) -> str:
+    return f"{prefix}:{BREAKER}:{site}"
 
 
 def sub_key(prefix: str, name: str) -> str:

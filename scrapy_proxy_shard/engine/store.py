@@ -36,6 +36,7 @@ import redis.asyncio
 
 from scrapy_proxy_shard.engine import schema as keys
 from scrapy_proxy_shard.engine.bans import BanOptions
+from scrapy_proxy_shard.engine.breaker import BreakerEvent, BreakerOptions, BreakerState
 from scrapy_proxy_shard.engine.proxies import Proxy, make_proxy, mask, parse_proxy, proxy_id
 from scrapy_proxy_shard.engine.scripts import register_all
 from scrapy_proxy_shard.exceptions import PoolBackendError, PoolBusy, PoolUnreachable, UnknownPoolError
@@ -88,7 +89,9 @@ class LeaseWait:
     """Nothing usable now; ``wait`` seconds until the earliest slot frees up. ``reason``: ``pool``
     (the earliest slot is cooling or quarantined: it frees exactly then), ``held`` (it is leased:
     ``wait`` is its expiry, but a release may come sooner, see ``wait_for_release``), ``session``
-    (a sticky session's own proxy is in use or pacing)."""
+    (a sticky session's own proxy is in use or pacing), ``breaker`` (the site's circuit breaker is
+    open: ``wait`` until probing starts; or half-open with its probe in flight: ``wait`` until the
+    probe's lease expires, a release may come sooner)."""
 
     wait: float
     reason: str
@@ -98,12 +101,14 @@ class LeaseWait:
 class ReleaseResult:
     """``status``: ``ok``; ``stale`` (the lease had expired and another holder has the slot now:
     nothing was freed); ``expired`` (the lease had expired, nobody held it). ``ban_until`` is the
-    end of a quarantine this release started or joined (Redis clock, seconds), else None."""
+    end of a quarantine this release started or joined (Redis clock, seconds), else None.
+    ``breaker``: what this release did to the site's circuit breaker, if anything."""
 
     status: str
     now: float
     ban_until: float | None = None
     strikes: int = 0
+    breaker: BreakerEvent | None = None
 
 
 @dataclass(frozen=True)
@@ -245,6 +250,7 @@ class _StoreBase:
         busy_wait: float = BUSY_WAIT,
         on_busy_retry: Callable[[], None] | None = None,
         site_idle_ttl: float = 3600.0,
+        breakers: BreakerOptions | Callable[[str], BreakerOptions | None] | None = None,
     ) -> None:
         self.client = client
         self.namespace = keys.check_name("namespace", namespace)
@@ -266,6 +272,8 @@ class _StoreBase:
         self._busy_retries = 0  # retries in the current episode
         #: A site's state (its ready slots) expires this long after its last hold ends.
         self.site_idle_ms = _ms(site_idle_ttl, "site_idle_ttl")
+        #: The site circuit breaker's options per site (None: off), as release.lua's packed argument.
+        self._breakers = breakers
 
     def prefix(self, pool: str) -> str:
         return keys.pool_prefix(self.namespace, keys.check_name("pool", pool))
@@ -344,10 +352,34 @@ class _StoreBase:
             interval, self.host_id, lease.session_id or "",
             _ms(max(session_ttl, 0.001)), _reason(reason or outcome), *ban_args,
             repr(float(self.ewma_alpha)), _ms(rest_after_response, "rest_after_response"),
+            self._breaker_arg(lease.site),
         ))
         until = int(reply[2])
         return ReleaseResult(reply[0].lower(), int(reply[1]) / 1000,
-                             until / 1000 if until else None, int(reply[3]))
+                             until / 1000 if until else None, int(reply[3]), _breaker_event(reply[4:10]))
+
+    def breaker_options(self, site: str) -> BreakerOptions | None:
+        """The circuit breaker's options for ``site`` on this store (None: off)."""
+        b = self._breakers
+        if b is None or isinstance(b, BreakerOptions):
+            return b
+        return b(site)
+
+    def _breaker_arg(self, site: str) -> str:
+        options = self.breaker_options(site)
+        return options.packed() if options is not None else ""
+
+    def breaker(self, pool: str, site: str):
+        """The site's circuit breaker as stored (``BreakerState``), or None when it is closed."""
+        return self._drive(self._breaker(pool, site))
+
+    def _breaker(self, pool, site) -> Plan:
+        raw = yield _Command(("HGETALL", keys.breaker_key(self.prefix(pool), site)))
+        if not raw or "st" not in raw:
+            return None
+        n = {k: int(v) if str(v).lstrip("-").isdigit() else 0 for k, v in raw.items()}
+        return BreakerState(site, raw["st"], n.get("until", 0) / 1000, n.get("cool", 0) / 1000, n.get("used", 0),
+                            n.get("probes", 0), bool(raw.get("ptok")), n.get("since", 0) / 1000, n.get("trips", 0))
 
     def hold(self, pool: str, site: str, member: str, *, ttl: float, concurrency: int = 1):
         """Take the named slot if it is free (adopting a lease made while Redis was unreachable).
@@ -921,6 +953,17 @@ def _is_busy(exc: Exception) -> bool:
 
 def _busy_text(exc: Exception) -> str:
     return str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
+def _breaker_event(fields: list) -> BreakerEvent | None:
+    """release.lua's breaker fields (event, bans, proxies, "reason:n,...", window ms, cool-off ms)."""
+    if len(fields) < 6 or not fields[0]:
+        return None
+    kind, bans, proxies, reasons, window, cool = fields[:6]
+    counted = {}
+    for part in str(reasons or "").split(","):
+        name, _, n = part.rpartition(":")
+        if name and n.isdigit():
+            counted[name] = int(n)
+    return BreakerEvent(kind, int(bans), int(proxies), counted or None, int(window) / 1000, int(cool) / 1000)
 
 
 def _unique(proxies: Iterable[Proxy | str]) -> dict[str, Proxy]:

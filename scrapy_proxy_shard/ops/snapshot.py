@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scrapy_proxy_shard.engine import schema
+from scrapy_proxy_shard.engine.breaker import BreakerState
 from scrapy_proxy_shard.engine.store import BanRecord, HostRecord, PoolStore, ProxyRecord, SiteStatus
 
 #: Slot states in the order the views show them (``free`` plus the states of ``pool_status.lua``).
@@ -84,6 +85,7 @@ class PoolSnapshot:
     counters: dict[str, float]
     concurrency: dict[str, int] = field(default_factory=dict)  # site -> slots per proxy
     records: list[ProxyRecord] | None = field(default=None, repr=False)
+    breakers: dict[str, BreakerState] = field(default_factory=dict)  # sites whose breaker is not closed
 
     # --- proxies and quarantines -----------------------------------------------------------------
     @property
@@ -149,6 +151,19 @@ class PoolSnapshot:
                 if name.startswith(per_reason):
                     out[(site, name[len(per_reason):])] += int(value)
         return out
+
+    # --- site circuit breakers ------------------------------------------------------------------------
+    def breaker_state(self, site: str) -> str:
+        """``closed``, ``open`` or ``half_open``."""
+        b = self.breakers.get(site)
+        return "closed" if b is None else ("open" if b.state == "open" else "half_open")
+
+    def breaker_counts(self, site: str) -> dict[str, int]:
+        """How often the site's breaker opened, re-opened, closed, and the bans it spared."""
+        stats = self.site_stats.get(site, {})
+        return {name: int(stats.get(field, 0)) for name, field in (
+            ("opened", schema.BREAKER_OPENED), ("reopened", schema.BREAKER_REOPENED),
+            ("closed", schema.BREAKER_CLOSED), ("spared", schema.BREAKER_SPARED))}
 
     # --- latency -----------------------------------------------------------------------------------
     @property
@@ -236,6 +251,7 @@ def read_pool(store: PoolStore, pool: str, *, detail: bool = False) -> PoolSnaps
         counters=store.counters(pool, schema.COUNTERS),
         concurrency=site_names,
         records=records,
+        breakers={site: b for site in site_names if (b := store.breaker(pool, site)) is not None},
     )
 
 

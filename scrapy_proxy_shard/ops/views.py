@@ -108,8 +108,9 @@ def status_text(snap: PoolSnapshot, *, proxies: bool = False) -> str:
             so = snap.site_outcomes(s.site)
             rows.append((s.site, s.slots, s.free, s.leased, s.session, s.cooling, s.banned,
                          duration(s.next_free_in) if s.free == 0 else "now", so.leases, percent(so.success_ratio),
-                         int(snap.site_stats.get(s.site, {}).get(schema.QUARANTINES, 0))))
-        lines += ["", table(rows, ["site", "slots", *STATES, "next free", "requests", "ok", "quarantines"], "  ")]
+                         int(snap.site_stats.get(s.site, {}).get(schema.QUARANTINES, 0)), breaker_text(snap, s.site)))
+        lines += ["", table(rows, ["site", "slots", *STATES, "next free", "requests", "ok", "quarantines", "breaker"],
+                            "  ")]
     else:
         lines.append("  no site served yet")
     host_rows = hosts_of_status(snap)
@@ -121,6 +122,30 @@ def status_text(snap: PoolSnapshot, *, proxies: bool = False) -> str:
     if proxies and snap.sites:
         lines += ["", proxy_rows_table(snap, indent="  ")]
     return "\n".join(lines)
+
+
+def breaker_text(snap: PoolSnapshot, site: str) -> str:
+    """A site's circuit breaker for the status table: ``closed``, ``OPEN 25s`` (until probing),
+    ``half-open 1/3`` (probes this round); then how often it opened (``opened 2x``)."""
+    b = snap.breakers.get(site)
+    counts = snap.breaker_counts(site)
+    trips = counts["opened"] + counts["reopened"]
+    history = f" (opened {trips}x)" if trips else ""
+    if b is None:
+        return "closed" + history
+    if b.state == "open":
+        return f"OPEN {duration(b.until - snap.now)}{history}"
+    return f"half-open {b.probes_used}/{b.probes}{history}"
+
+
+def breaker_json(snap: PoolSnapshot, site: str) -> dict[str, Any]:
+    b = snap.breakers.get(site)
+    out: dict[str, Any] = {"state": snap.breaker_state(site), **snap.breaker_counts(site)}
+    if b is not None:
+        out.update(probe_in=_r(max(0.0, b.until - snap.now)) if b.state == "open" else 0.0,
+                   cooloff=_r(b.cooloff), probes_used=b.probes_used, probes=b.probes, since=_r(b.since),
+                   trips=b.trips)
+    return out
 
 
 def hosts_of_status(snap: PoolSnapshot) -> list[dict[str, Any]]:
@@ -174,6 +199,7 @@ def status_json(snap: PoolSnapshot, *, proxies: bool = False) -> dict[str, Any]:
             "site": s.site, "slots": s.slots, **{state: getattr(s, state) for state in STATES},
             "next_free_in": _r(s.next_free_in), "requests": outcomes_json(snap.site_outcomes(s.site)),
             "quarantines_started": int(snap.site_stats.get(s.site, {}).get(schema.QUARANTINES, 0)),
+            "breaker": breaker_json(snap, s.site),
         } for s in snap.sites],
         "hosts": [{**h, "success_ratio": _r(h["success_ratio"], 4), "share": _r(h["share"], 4)}
                   for h in hosts_of_status(snap)],

@@ -406,3 +406,172 @@ local function forget_host_counters(host)
   redis.call('HDEL', K_HSTATS, host .. ':l', host .. ':ok', host .. ':err', host .. ':banned', host .. ':ban',
     host .. ':stale', host .. ':expired')
 end
+
+-- ==== site circuit breaker (engine/breaker.py; used by lease.lua and release.lua only) ====
+-- A site that rejects everyone would burn proxy after proxy: once enough quarantines on one site,
+-- from enough distinct proxies, came within a window with no successful response in between, the
+-- site's breaker opens: no lease for the site on any host until the cool-off ends; then half-open:
+-- one probe lease at a time (at most `probes` per round); a probe answered "ok" closes it, one banned
+-- (or a round of probes without a verdict) re-opens it for twice the cool-off, capped. While open or
+-- half-open a ban on the site quarantines nobody (no strike: the site is the problem, not the IP).
+--   P:breaker:<site>  HASH  st=open|half until=ms (open: probing from then) cool=ms (current cool-off)
+--                           maxc=ms probes=n used=n (probes this round) ptok=probe lease token
+--                           pexp=ms (probe lease expiry) since=ms trips=n; no key = closed
+--   P:brkseen:<site>  ZSET  quarantines started on the site since its last "ok" response, within the
+--                           window: member "<id>|<reason>|<ms>" -> ms (at most BREAKER_SEEN_MAX kept)
+local BREAKER_SEEN_MAX = 64
+local BREAKER_KEEP_MS = 86400000  -- a breaker nobody touches for a day after its cool-off is forgotten
+local function breaker_key(site) return P .. ':breaker:' .. site end
+local function breaker_seen_key(site) return P .. ':brkseen:' .. site end
+
+-- The packed options of release.lua's breaker argument ("" = breaker off): threshold, min distinct
+-- proxies, window ms, cool-off ms, max cool-off ms, probes per round. Returns the options (nil when
+-- off) and an error message for a malformed argument (checked before any write).
+local function breaker_conf(raw)
+  if raw == nil or raw == '' then return nil, nil end
+  local v = {}
+  for part in string.gmatch(raw, '[^,]+') do v[#v + 1] = tonumber(part) end
+  local ok = #v == 6
+  for i = 1, #v do
+    if not ok or v[i] == nil or v[i] ~= math.floor(v[i]) or v[i] < 1 or v[i] > MAX_MS then ok = false end
+  end
+  if not ok or v[5] < v[4] then
+    return nil, 'ERR scrapy-proxy-shard: argument breaker (' .. raw .. ') must be "threshold,min_proxies,'
+      .. 'window_ms,cooloff_ms,max_cooloff_ms,probes" (whole numbers from 1, max_cooloff >= cooloff)'
+  end
+  return {threshold = v[1], min_proxies = v[2], window = v[3], cool = v[4], maxc = v[5], probes = v[6]}, nil
+end
+
+-- Wake every waiter of the site (up to the freed list's 8 entries): the breaker closed.
+local function announce_all(site)
+  if redis.call('EXISTS', waiting_key(site)) == 0 then return end
+  local key = freed_key(site)
+  redis.call('LPUSH', key, '1', '1', '1', '1', '1', '1', '1', '1')
+  redis.call('LTRIM', key, 0, 7)
+  redis.call('PEXPIRE', key, 60000)
+end
+
+-- Open (again) for `cool` ms from now. Returns the cool-off.
+local function breaker_open_for(site, cool, now)
+  local K = breaker_key(site)
+  redis.call('HSET', K, 'st', 'open', 'until', istr(now + cool), 'cool', istr(cool), 'used', 0, 'ptok', '',
+    'pexp', 0)
+  redis.call('HINCRBY', K, 'trips', 1)
+  redis.call('PEXPIRE', K, cool + BREAKER_KEEP_MS)
+  return cool
+end
+
+-- A probe was rejected, or a round of probes ended without a verdict: re-open for twice as long.
+local function breaker_reopen(site, now)
+  local b = redis.call('HMGET', breaker_key(site), 'cool', 'maxc')
+  local cool = (tonumber(b[1]) or 1) * 2
+  local maxc = tonumber(b[2]) or cool
+  if cool > maxc then cool = maxc end
+  redis.call('HINCRBY', K_SSTATS, site .. ':brk_reopen', 1)
+  return breaker_open_for(site, cool, now)
+end
+
+-- lease.lua, before anything else: a WAIT reply when the site's breaker refuses a lease now (reason
+-- "breaker"; open: the time until probing starts; half-open: until the probe in flight expires, a
+-- release may come sooner), else nil. The second value is true when the lease about to be made is a
+-- probe (half-open): call breaker_probe_taken once it is made.
+local function breaker_gate(site, now)
+  local K = breaker_key(site)
+  local b = redis.call('HMGET', K, 'st', 'until', 'used', 'probes', 'ptok', 'pexp')
+  if not b[1] then return nil, false end
+  local wait = nil
+  if b[1] == 'open' then
+    local until_ms = tonumber(b[2]) or 0
+    if now < until_ms then
+      wait = until_ms - now
+    else
+      redis.call('HSET', K, 'st', 'half', 'used', 0, 'ptok', '', 'pexp', 0)
+      b[3], b[5] = '0', ''
+    end
+  end
+  if not wait and b[5] ~= '' and (tonumber(b[6]) or 0) > now then
+    wait = tonumber(b[6]) - now  -- one probe at a time
+  end
+  if not wait and (tonumber(b[3]) or 0) >= (tonumber(b[4]) or 1) then
+    wait = breaker_reopen(site, now)  -- a round of probes came back without a verdict
+  end
+  if wait then
+    redis.call('SET', waiting_key(site), '1', 'PX', 6000)
+    return {'WAIT', math.max(1, wait), 'breaker'}, false
+  end
+  return nil, true
+end
+
+-- lease.lua: the lease `token` (in flight until `expires_ms`) is the half-open breaker's probe.
+local function breaker_probe_taken(site, token, expires_ms)
+  local K = breaker_key(site)
+  redis.call('HSET', K, 'ptok', token, 'pexp', istr(expires_ms))
+  redis.call('HINCRBY', K, 'used', 1)
+end
+
+-- release.lua, before the outcome is recorded (`conf` from breaker_conf; nil = off on this host).
+-- Returns whether a ban on the site is to be spared (open or half-open: no quarantine, no strike;
+-- counted here) and the event of this release, if any: {"closed", ...} (the probe was answered
+-- fine), {"reopened", 0, 0, "", 0, cool_ms} (the probe was banned) or {"spared", ...} (any other
+-- ban while open or half-open). An "ok" while closed forgets the quarantines seen so far (the site
+-- does not reject everyone).
+local function breaker_on_release(site, token, outcome, conf, now)
+  if not conf then return false, nil end
+  local K = breaker_key(site)
+  local b = redis.call('HMGET', K, 'st', 'ptok')
+  if not b[1] then
+    if outcome == 'ok' and redis.call('EXISTS', breaker_seen_key(site)) == 1 then
+      redis.call('DEL', breaker_seen_key(site))
+    end
+    return false, nil
+  end
+  if b[2] == token then
+    if outcome == 'ok' then
+      redis.call('DEL', K, breaker_seen_key(site))
+      redis.call('HINCRBY', K_SSTATS, site .. ':brk_close', 1)
+      announce_all(site)
+      return false, {'closed', 0, 0, '', 0, 0}
+    elseif outcome == 'ban' then
+      redis.call('HINCRBY', K_SSTATS, site .. ':brk_spared', 1)
+      return true, {'reopened', 0, 0, '', 0, breaker_reopen(site, now)}
+    end
+    redis.call('HSET', K, 'ptok', '', 'pexp', 0)  -- no verdict (error, 404...): the next lease probes
+  end
+  if outcome ~= 'ban' then return true, nil end
+  redis.call('HINCRBY', K_SSTATS, site .. ':brk_spared', 1)
+  return true, {'spared', 0, 0, '', 0, 0}
+end
+
+-- release.lua, after a ban on the site started a quarantine while the breaker is closed: remember it,
+-- and open the breaker if the evidence is now enough. Returns {"opened", bans, distinct proxies,
+-- "reason:n,...", window_ms, cool_ms} when this call opened it, else nil.
+local function breaker_evidence(site, id, reason, now, conf)
+  local S = breaker_seen_key(site)
+  redis.call('ZADD', S, now, id .. '|' .. reason .. '|' .. istr(now))
+  redis.call('ZREMRANGEBYSCORE', S, '-inf', '(' .. istr(now - conf.window))
+  redis.call('ZREMRANGEBYRANK', S, 0, -(BREAKER_SEEN_MAX + 1))
+  redis.call('PEXPIRE', S, conf.window)
+  local seen = redis.call('ZRANGE', S, 0, -1)
+  if #seen < conf.threshold then return nil end
+  local proxies, distinct, reasons, order = {}, 0, {}, {}
+  for _, m in ipairs(seen) do
+    local pid, why = string.match(m, '^(.*)|([^|]*)|%d+$')
+    if pid and not proxies[pid] then
+      proxies[pid] = true
+      distinct = distinct + 1
+    end
+    if why then
+      if not reasons[why] then order[#order + 1] = why end
+      reasons[why] = (reasons[why] or 0) + 1
+    end
+  end
+  if distinct < conf.min_proxies then return nil end
+  local parts = {}
+  for _, why in ipairs(order) do parts[#parts + 1] = why .. ':' .. reasons[why] end
+  local K = breaker_key(site)
+  redis.call('DEL', K, S)
+  redis.call('HSET', K, 'maxc', istr(conf.maxc), 'probes', conf.probes, 'since', istr(now), 'trips', 0)
+  breaker_open_for(site, conf.cool, now)
+  redis.call('HINCRBY', K_SSTATS, site .. ':brk_open', 1)
+  return {'opened', #seen, distinct, table.concat(parts, ','), conf.window, conf.cool}
+end

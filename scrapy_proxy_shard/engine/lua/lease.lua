@@ -16,7 +16,9 @@
 --        reason "pool": the earliest slot is cooling or quarantined: it frees exactly then;
 --        "held": the earliest slot is leased: wait_ms is its lease expiry, but a release may free
 --        it sooner (callers block on P:freed:<site> for at most wait_ms);
---        "session": the session's own proxy is in use or inside its pacing interval
+--        "session": the session's own proxy is in use or inside its pacing interval;
+--        "breaker": the site's circuit breaker is open (wait_ms until probing starts) or half-open
+--        with its probe in flight (wait_ms until the probe lease expires; a release may come sooner)
 --   {"EMPTY"}  the pool holds no proxies
 --   A pool written by an older version is migrated first, one page per call (WAIT 1 "pool" meanwhile).
 -- Never OK without a URL: a ready member whose proxy is missing from P:proxies (removed, or lost by
@@ -50,6 +52,9 @@ if not migrated(idle, now) then return {'WAIT', 1, 'pool'} end
 local ready = ready_key(site)
 local rebound = 0
 local S = nil
+-- The site's circuit breaker first: open, no lease on any host; half-open, this lease is the probe.
+local breaker_wait, probing = breaker_gate(site, now)
+if breaker_wait then return breaker_wait end
 
 local function count_lease(id)
   redis.call('HINCRBY', K_PSTATS, id .. ':l', 1)
@@ -75,6 +80,7 @@ if sid ~= '' then
       redis.call('ZADD', ready, 'XX', now + session_ttl, member)
       touch_site(site, now + session_ttl, idle, now)
       count_lease(id)
+      if probing then breaker_probe_taken(site, token, now + ttl) end
       return remember('lease', token,
         {'OK', id, redis.call('HGET', K_PROXIES, id), member, token, now + ttl, now, 1, 0}, 3)
     end
@@ -157,4 +163,5 @@ touch_site(site, hold, idle, now)
 redis.call('SET', lease_key(site, member), token .. '|' .. host .. '|' .. istr(now) .. '|' .. sid,
   'PX', lease_ttl)
 count_lease(id)
+if probing then breaker_probe_taken(site, token, now + ttl) end
 return remember('lease', token, {'OK', id, url, member, token, now + ttl, now, session_flag, rebound}, 3)

@@ -20,8 +20,15 @@
 -- ARGV[15] EWMA weight of the new latency sample (e.g. "0.2")
 -- ARGV[16] rest after the response, ms: the slot's next use starts at least this long after now
 --          (the slot is free at max(start + ARGV[6], now + ARGV[16]), never before a quarantine ends)
+-- ARGV[17] the site's circuit breaker options, "threshold,min_proxies,window_ms,cooloff_ms,
+--          max_cooloff_ms,probes", or "" when the breaker is off (see breaker_conf in _lib.lua)
 -- Replies:
---   {"OK", now_ms, ban_until_ms, strikes}   released (ban fields 0 when no ban was applied)
+--   {"OK", now_ms, ban_until_ms, strikes, breaker_event, bans, proxies, reasons, window_ms, cooloff_ms}
+--        released (ban fields 0 when no ban was applied). breaker_event "" or: "opened" (this ban
+--        opened the site's breaker: bans, distinct proxies, "reason:n,..." and window are the
+--        evidence), "reopened" (this probe was banned), "closed" (this probe was fine), "spared" (a
+--        ban while the breaker is open or half-open: no quarantine, no strike); cooloff_ms with
+--        opened/reopened. The STALE and EXPIRED replies carry the same fields.
 --   {"STALE", now_ms, ban_until_ms, strikes}   the lease had expired and someone else holds the slot
 --        now: nothing was freed (never a double use); outcome and ban are still recorded
 --   {"EXPIRED", now_ms, ban_until_ms, strikes} the lease had expired and nobody holds the slot;
@@ -33,8 +40,10 @@ local bad = check_strings({{1, 'site'}, {2, 'member'}, {3, 'token'}, {7, 'host'}
   or check_args({{5, 'latency ms', -1, MAX_MS}, {6, 'min interval ms', 0, MAX_MS},
     {9, 'session ttl ms', 1, MAX_MS}, {11, 'ban ttl ms', 1, MAX_MS}, {12, 'ban max ttl ms', 1, MAX_MS},
     {13, 'jitter', -1, 1, true}, {14, 'strike window ms', 0, MAX_MS}, {15, 'ewma weight', 0, 1, true},
-    {16, 'rest after response ms', 0, MAX_MS}})
+    {16, 'rest after response ms', 0, MAX_MS}}) or check_strings({{17, 'breaker', true}})
 if bad then return redis.error_reply(bad) end
+local breaker, bad_breaker = breaker_conf(ARGV[17])
+if bad_breaker then return redis.error_reply(bad_breaker) end
 if not id_of(ARGV[2]) then return redis.error_reply('ERR scrapy-proxy-shard: argument member must be <id>/<slot>') end
 local earlier = recall('release', ARGV[3])
 if earlier then return earlier end
@@ -90,6 +99,7 @@ if status ~= 'OK' then
 end
 
 local ban_until, strikes = 0, 0
+local spare, event = breaker_on_release(site, token, outcome, breaker, now)
 if outcome == 'ok' then
   redis.call('HINCRBY', K_PSTATS, id .. ':ok', 1)
   redis.call('HINCRBY', K_HSTATS, host .. ':ok', 1)
@@ -107,9 +117,15 @@ elseif outcome == 'ban' or outcome == 'dead' then
   -- responses judged a ban are ':banned' on every scope (':ban' counts quarantines started: see ban())
   redis.call('HINCRBY', K_HSTATS, host .. ':banned', 1)
   redis.call('HINCRBY', K_SSTATS, site .. ':banned', 1)
-  ban_until, strikes = ban(scope, id, ARGV[10], tonumber(ARGV[11]), tonumber(ARGV[12]),
-    tonumber(ARGV[13]), tonumber(ARGV[14]), now)
-  if status == 'OK' and sid ~= '' then
+  local started = 0
+  if not (outcome == 'ban' and spare) then  -- spared: the site's breaker is open or half-open
+    ban_until, strikes, started = ban(scope, id, ARGV[10], tonumber(ARGV[11]), tonumber(ARGV[12]),
+      tonumber(ARGV[13]), tonumber(ARGV[14]), now)
+  end
+  if outcome == 'ban' and started == 1 and breaker then
+    event = breaker_evidence(site, id, ARGV[10], now, breaker)
+  end
+  if ban_until > 0 and status == 'OK' and sid ~= '' then
     -- A banned session proxy: the session's slot must wait for the quarantine too.
     redis.call('ZADD', ready, 'XX', 'GT', ban_until, member)
   end
@@ -118,4 +134,5 @@ elseif outcome == 'error' then
   redis.call('HINCRBY', K_HSTATS, host .. ':err', 1)
   redis.call('HINCRBY', K_SSTATS, site .. ':err', 1)
 end
-return remember('release', token, {status, now, ban_until, strikes})
+event = event or {'', 0, 0, '', 0, 0}
+return remember('release', token, {status, now, ban_until, strikes, unpack(event)})
