@@ -189,26 +189,29 @@ def pool_metrics(snapshots: Sequence[PoolSnapshot],
                     for st in (schema.STALE, schema.EXPIRED)])
     yield per_pool("proxy_shard_session_rebinds", "Sticky sessions moved to another proxy",
                    lambda s: int(s.counters.get(schema.REBINDS, 0)), "counter")
-    yield from breaker_metrics(snapshots)
+    yield from breaker_metrics(snapshots, site_label)
     yield from host_metrics(snapshots)
 
 
 BREAKER_STATES = ("closed", "open", "half_open")
 
 
-def breaker_metrics(snapshots: Sequence[PoolSnapshot]) -> Iterator[Metric]:
-    """Each site's circuit breaker: its state now, and how often it changed."""
+def breaker_metrics(snapshots: Sequence[PoolSnapshot],
+                    site_label: Callable[[str, str], str] = lambda pool, site: site) -> Iterator[Metric]:
+    """Each site's circuit breaker: its state now, and how often it changed. Sites outside the top
+    sites are summed under ``_other`` (its state series count how many of them are in each state)."""
     sites = [(s, site) for s in snapshots for site in _sites(s)]
     yield _gauge("proxy_shard_breaker_state", "1 for the state of each site's circuit breaker (closed, open, "
                  "half_open)", ["pool", "site", "state"],
-                 [((s.pool, site, state), float(s.breaker_state(site) == state)) for s, site in sites
+                 [((s.pool, site_label(s.pool, site), state), float(s.breaker_state(site) == state))
+                  for s, site in sites
                   for state in BREAKER_STATES])
     for name, doc in (("opened", "Site circuit breaker openings (the site rejected every proxy)"),
                       ("reopened", "Site circuit breaker re-openings (a probe was rejected)"),
                       ("closed", "Site circuit breaker closings (a probe was answered fine)"),
                       ("spared", "Bans while a site's circuit breaker was open: no quarantine, no strike")):
         yield _counter(f"proxy_shard_breaker_{name}", doc, ["pool", "site"],
-                       [((s.pool, site), s.breaker_counts(site)[name]) for s, site in sites])
+                       [((s.pool, site_label(s.pool, site)), s.breaker_counts(site)[name]) for s, site in sites])
 
 
 def host_metrics(snapshots: Sequence[PoolSnapshot]) -> Iterator[Metric]:
