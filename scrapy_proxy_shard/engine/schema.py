@@ -36,8 +36,9 @@ HOST = "host"            # HASH per host: heartbeat times and info
 LOAD = "load"            # HASH per host: minute -> leases taken
 DONE = "done"            # STRING per (op, token): the memoised reply of a write script
 META = "meta"            # HASH created=ms: the pool was loaded once
+PACE = "pace"            # HASH per site: the learned interval of adaptive pacing (fields PACE_FIELDS)
 KEY_SUFFIXES = (PROXIES, TAGS, SITES, READY, LEASE, SESSION, BANS, BANIDX, PSTATS, HSTATS, SSTATS, COUNTERS,
-                SITEBUILD, WAITING, FREED, HOSTS, HOST, LOAD, DONE, META)
+                SITEBUILD, WAITING, FREED, HOSTS, HOST, LOAD, DONE, META, PACE)
 #: The hashes ``PoolStore.counters`` reads.
 COUNTER_HASHES = (COUNTERS, PSTATS, HSTATS, SSTATS)
 
@@ -54,6 +55,13 @@ REBINDS = "rebinds"      # sticky sessions moved to another proxy (pool)
 Q_STARTED = "q_started"  # quarantines started (pool)
 Q_MS = "q_ms"            # their total length in ms, less what unban cut short (pool)
 COUNTER_FIELDS = (LEASES, OK, ERRORS, BANNED, QUARANTINES, LATENCY, STALE, EXPIRED, REBINDS, Q_STARTED, Q_MS)
+#: Fields of a site's ``PACE`` hash (``pace_release`` in lua/_lib.lua), besides ``p:<proxy id>``: the interval
+#: in force (ms), its last change, from when starts follow it, the clean run, the lowest interval known to fail,
+#: counts (raises, lowerings, skipped rate bans, floors lowered, failed probes), the pending vote, the probe.
+PACE_FIELDS = ("iv", "chg", "eff", "run", "bad", "up", "down", "skip", "forget", "fail", "back", "vote", "probe",
+               "piv", "pat", "pn", "prev")
+#: Field prefix of a proxy's last answer on the site in a ``PACE`` hash (``c`` clean, ``b`` a ban).
+PACE_PROXY = "p"
 #: Field of a session hash (``SESSION`` key): the id of the proxy the session is bound to.
 SESSION_PROXY = "p"
 #: Before the rename, hosts counted responses judged a ban as ``<host>:ban``; a pool written by an
@@ -123,6 +131,10 @@ def session_key(prefix: str, site: str, session_id: str) -> str:
 
 def freed_key(prefix: str, site: str) -> str:
     return f"{prefix}:{FREED}:{site}"
+
+
+def pace_key(prefix: str, site: str) -> str:
+    return f"{prefix}:{PACE}:{site}"
 
 
 def sub_key(prefix: str, name: str) -> str:

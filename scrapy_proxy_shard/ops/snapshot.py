@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scrapy_proxy_shard.engine import schema
+from scrapy_proxy_shard.engine.pacing import PaceState
 from scrapy_proxy_shard.engine.store import BanRecord, HostRecord, PoolStore, ProxyRecord, SiteStatus
 
 #: Slot states in the order the views show them (``free`` plus the states of ``pool_status.lua``).
@@ -84,6 +85,7 @@ class PoolSnapshot:
     counters: dict[str, float]
     concurrency: dict[str, int] = field(default_factory=dict)  # site -> slots per proxy
     records: list[ProxyRecord] | None = field(default=None, repr=False)
+    paces: dict[str, PaceState] = field(default_factory=dict)  # site -> learned pacing (adaptive pacing)
 
     # --- proxies and quarantines -----------------------------------------------------------------
     @property
@@ -236,6 +238,7 @@ def read_pool(store: PoolStore, pool: str, *, detail: bool = False) -> PoolSnaps
         counters=store.counters(pool, schema.COUNTERS),
         concurrency=site_names,
         records=records,
+        paces=store.paces(pool),
     )
 
 

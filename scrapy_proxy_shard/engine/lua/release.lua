@@ -20,7 +20,13 @@
 -- ARGV[15] EWMA weight of the new latency sample (e.g. "0.2")
 -- ARGV[16] rest after the response, ms: the slot's next use starts at least this long after now
 --          (the slot is free at max(start + ARGV[6], now + ARGV[16]), never before a quarantine ends)
--- Replies:
+-- ARGV[17] adaptive pacing: "1" on (the site's learned interval in P:pace:<site> replaces ARGV[6];
+--          see pace_release in _lib.lua), "0" off (ARGV[18..22] are then ignored)
+-- ARGV[18] learned interval to start from, ms    ARGV[19] its minimum, ms    ARGV[20] its maximum, ms
+-- ARGV[21] factor the learned interval is paced with (the caller's randomization draw; "1" for none)
+-- ARGV[22] "1" when this ban is rate-type (PROXY_SHARD_AUTOTHROTTLE_BAN_REASONS), else "0"
+-- Replies (then, in each: the site's learned interval in force, ms as a string, "" when ARGV[17] is "0",
+-- and what this answer did: "", "probe", "down", "fail", "back", "up", "skip" or "forget"):
 --   {"OK", now_ms, ban_until_ms, strikes}   released (ban fields 0 when no ban was applied)
 --   {"STALE", now_ms, ban_until_ms, strikes}   the lease had expired and someone else holds the slot
 --        now: nothing was freed (never a double use); outcome and ban are still recorded
@@ -33,7 +39,9 @@ local bad = check_strings({{1, 'site'}, {2, 'member'}, {3, 'token'}, {7, 'host'}
   or check_args({{5, 'latency ms', -1, MAX_MS}, {6, 'min interval ms', 0, MAX_MS},
     {9, 'session ttl ms', 1, MAX_MS}, {11, 'ban ttl ms', 1, MAX_MS}, {12, 'ban max ttl ms', 1, MAX_MS},
     {13, 'jitter', -1, 1, true}, {14, 'strike window ms', 0, MAX_MS}, {15, 'ewma weight', 0, 1, true},
-    {16, 'rest after response ms', 0, MAX_MS}})
+    {16, 'rest after response ms', 0, MAX_MS}, {17, 'autothrottle flag', 0, 1},
+    {18, 'autothrottle start interval ms', 1, MAX_MS}, {19, 'autothrottle min interval ms', 1, MAX_MS},
+    {20, 'autothrottle max interval ms', 1, MAX_MS}, {21, 'interval factor', 0, 2, true}, {22, 'rate ban flag', 0, 1}})
 if bad then return redis.error_reply(bad) end
 if not id_of(ARGV[2]) then return redis.error_reply('ERR scrapy-proxy-shard: argument member must be <id>/<slot>') end
 local earlier = recall('release', ARGV[3])
@@ -50,6 +58,19 @@ local id = id_of(member)
 local ready = ready_key(site)
 local L = lease_key(site, member)
 local status = 'OK'
+
+-- Adaptive pacing: this answer updates the site's learned interval, which then paces the slot.
+local pace_iv, pace_event = '', ''
+if ARGV[17] == '1' then
+  local v = redis.call('GET', L)
+  local start = nil
+  if v and string.sub(v, 1, #token + 1) == token .. '|' then start = lease_start(v) end
+  local paced, learned
+  paced, pace_event, learned = pace_release(site, id, start, outcome, ARGV[22] == '1', tonumber(ARGV[18]),
+    tonumber(ARGV[19]), tonumber(ARGV[20]), now)
+  interval = math.floor(paced * tonumber(ARGV[21]) + 0.5)
+  pace_iv = pace_ms(learned)
+end
 
 if sid ~= '' then
   local S = session_key(site, sid)
@@ -118,4 +139,4 @@ elseif outcome == 'error' then
   redis.call('HINCRBY', K_HSTATS, host .. ':err', 1)
   redis.call('HINCRBY', K_SSTATS, site .. ':err', 1)
 end
-return remember('release', token, {status, now, ban_until, strikes})
+return remember('release', token, {status, now, ban_until, strikes, pace_iv, pace_event})
