@@ -27,7 +27,7 @@ class PaceState:
     """A site's learned pacing as Redis holds it (``PoolStore.paces``); times on the Redis clock, seconds.
 
     ``interval``: in force now; ``changed_at``: its last change; ``floor_of``: the lowest interval known
-    to fail (None before any), lowering stops 10% above it; ``raised``, ``lowered``, ``skipped`` (rate
+    to fail (None before any), lowering stops 5% above it; ``raised``, ``lowered``, ``skipped`` (rate
     bans that changed nothing), ``forgotten`` (floors lowered), ``failed`` (probes that met a rate ban),
     ``undone`` (provisional lowerings undone by a rate ban): counts; ``probe``/``probe_interval``: the
     proxy trying a lower interval now, and that interval.

@@ -36,6 +36,7 @@
 --                               resent call (redis-py retry_on_timeout) answers it again, writes nothing
 --   P:meta               HASH   created=ms: the pool was loaded once; remove.lua never deletes it, so
 --                               an empty pool without it was lost by Redis (FLUSHALL, failover, eviction)
+--   P:pace:<site>        HASH   adaptive pacing: the site's learned interval (see "Adaptive pacing" below)
 -- Times are milliseconds of the Redis server clock (TIME), so host clock skew cannot cause overlaps.
 
 local P = KEYS[1]
@@ -336,12 +337,12 @@ end
 --   p:<id> the proxy's last answer on the site: 'c' clean, 'b' a ban of any reason
 local PACE_UP = 1.5          -- a raise: interval x 1.5 (capped at the maximum)
 local PACE_DOWN = 0.8       -- a probe tries interval x 0.8, never below the floor nor the minimum
-local PACE_CLEAN_RUN = 10    -- clean answers at the pace before a probe starts
+local PACE_CLEAN_RUN = 5     -- clean answers at the pace before a probe starts
 local PACE_PROBE_RUN_FIRST = 3  -- clean answers of the probe proxy at the lower interval that adopt it,
 local PACE_PROBE_RUN = 10       -- ... once an interval is known to fail (near the rule: a stricter test)
 local PACE_PROBE_MS = 60000  -- a probe that has not concluded after max(this, 20 x its interval) is dropped
 local PACE_LONE_RUN = 20     -- clean answers at the pace that void a pending vote (it pointed at its proxy)
-local PACE_MARGIN = 0.1
+local PACE_MARGIN = 0.05
 local PACE_FORGET_RUN = 1000
 local PACE_FORGET = 0.95
 
