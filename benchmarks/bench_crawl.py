@@ -31,6 +31,12 @@ stops every process it started before it exits, on error too.
       ours-hz100  diagnostic: ours with redis-server ``--hz 100`` (a setting)
       ours-br     context: ours with Scrapy's own Accept-Encoding, so the site compresses with brotli
                   (quality 11, ~2.5 ms CPU per page, on the same 2 CPUs as the crawlers)
+      adaptive    the rule unknown: ours with PROXY_SHARD_AUTOTHROTTLE_ENABLED and no interval (the learned
+                  interval starts at the default 1 s), the demo's ban disguises named as rate-type, and
+                  ``--pages-adaptive`` pages per site so the crawl runs past 60 s. It prints the learned
+                  interval of each site every 5 s (the trace, from the crawls' release signals). Targets:
+                  efficiency >= 0.65, blocked answers <= 2% of requests, the learned interval in force
+                  after 60 s within 25% of the site's rule (the largest value seen after 60 s is judged).
     The crawlers send ``Accept-Encoding: gzip, deflate`` (``--accept-encoding``) so that the local
     site's own CPU stays out of the crawlers' cycle as far as possible; ours-br shows what it costs.
     Efficiency = distinct status-200 catalog pages per second (from the site's own log, over the span
@@ -136,7 +142,7 @@ class BenchRecorder:
 
     def lease_released(self, request: Any, lease: Any, outcome: str, reason: Any, result: Any) -> None:
         """Diagnostics for (b): when each lease went back, on the Redis clock."""
-        self.trace.append(["release", request.url, outcome, result.now])
+        self.trace.append(["release", request.url, outcome, result.now, getattr(result, "interval", None)])
 
     def request_scheduled(self, request: Any, spider: Any = None) -> None:
         if self.t0 is None:
@@ -504,20 +510,31 @@ VARIANTS_B = {
     "baseline": ("random", None, False),
     "ours-hz100": ("ours", 100, False),  # diagnostic: a setting (redis.conf hz 100)
     "ours-br": ("ours", None, True),  # context: brotli bodies, the site's CPU competes with the crawl
+    "adaptive": ("ours", None, False),  # rule unknown: adaptive pacing on, no interval given
 }
+#: Targets of the adaptive variant (issue 11): efficiency, blocked answers / requests, and the learned
+#: interval within 25% of the site's rule once 60 s have passed.
+ADAPTIVE_EFFICIENCY_TARGET = 0.65
+ADAPTIVE_BLOCKED_TARGET = 0.02
+ADAPTIVE_INTERVAL_TOLERANCE = 0.25
+ADAPTIVE_AFTER = 60.0
+#: What the adaptive variant is told about the demo site: its ban disguises (the crawl's
+#: proxy_shard/bans/reason/* stats show them) are rate bans, except on its burnt IPs; never its rule.
+ADAPTIVE_BAN_REASONS = ["http_429", "http_503", "http_403", "challenge_redirect", "challenge_page", "missing_css"]
 
 
 def run_scenario(args: argparse.Namespace, kids: Kids, workdir: Path, variant: str, r: int) -> dict:
     from scrapy_proxy_shard.demo.sitelog import read_log, summarize
 
     mode, hz, scrapy_encoding = VARIANTS_B[variant]
+    pages = args.pages_adaptive if variant == "adaptive" else args.pages_b
     wd = workdir / f"b{r}-{variant}"
     wd.mkdir()
     site_log = wd / "site.log"
     site = fleet = server = None
     held = 0
     try:
-        site, port = start_site(kids, wd, pages=args.pages_b, latency=args.latency, max_concurrency=1,
+        site, port = start_site(kids, wd, pages=pages, latency=args.latency, max_concurrency=1,
                                 min_interval=args.site_interval, ban_seconds=5.0, log=site_log,
                                 burnt=args.burnt_map)
         fleet, manifest = start_fleet(kids, wd, port, count=args.healthy + 1, auth=2, dead=1)
@@ -537,10 +554,14 @@ def run_scenario(args: argparse.Namespace, kids: Kids, workdir: Path, variant: s
                 "PROXY_SHARD_BAN_TTL": 120, "PROXY_SHARD_DEAD_TTL": 120, "PROXY_SHARD_BAN_RETRIES": 6,
                 "PROXY_SHARD_MAX_WAIT": 60,
             })
+            if variant == "adaptive":  # no interval given: learned from the default start (1 s)
+                del settings["PROXY_SHARD_MIN_INTERVAL"]
+                settings.update({"PROXY_SHARD_AUTOTHROTTLE_ENABLED": True,
+                                 "PROXY_SHARD_AUTOTHROTTLE_BAN_REASONS": ADAPTIVE_BAN_REASONS})
         crawls = []
         for h in range(args.hosts):
             s = {**settings, "BENCH_SEED": 1000 * r + h, "PROXY_SHARD_HOST_ID": f"host-{h}"}
-            spider = {"sites": ",".join(SITES), "pages": args.pages_b, "shard": h, "shards": args.hosts,
+            spider = {"sites": ",".join(SITES), "pages": pages, "shard": h, "shards": args.hosts,
                       "required_css": "|".join(CATALOG_CSS), "ready_file": str(wd / f"host-{h}.ready"),
                       "go_file": str(wd / "go")}
             crawls.append(launch_crawl(kids, wd, f"host-{h}", mode, s, spider, trace=mode == "ours" and args.trace))
@@ -552,7 +573,8 @@ def run_scenario(args: argparse.Namespace, kids: Kids, workdir: Path, variant: s
         cpu0 = {k: proc_cpu(pid) for k, pid in others.items()}
         t0 = time.monotonic()
         (wd / "go").write_text("go\n")
-        hosts = [finish_crawl(kids, c, args.timeout_b) for c in crawls]
+        timeout = args.timeout_b * max(1.0, pages / args.pages_b) if variant == "adaptive" else args.timeout_b
+        hosts = [finish_crawl(kids, c, timeout) for c in crawls]
         crawl_wall = time.monotonic() - t0
         cpu = {k: proc_cpu(pid) - cpu0[k] for k, pid in others.items()}
         cpu["scrapy"] = sum(h["cpu"] for h in hosts)
@@ -565,7 +587,7 @@ def run_scenario(args: argparse.Namespace, kids: Kids, workdir: Path, variant: s
         if server is not None:
             kids.stop_server(server)
     entries = read_log(site_log)
-    expected = {(s, f"/catalog/{n}") for s in SITES for n in range(1, args.pages_b + 1)}
+    expected = {(s, f"/catalog/{n}") for s in SITES for n in range(1, pages + 1)}
     summary = summarize(entries, expected_pages=expected)
     eff = summary.throughput / args.ceiling
     res = {
@@ -574,13 +596,38 @@ def run_scenario(args: argparse.Namespace, kids: Kids, workdir: Path, variant: s
         "gaps": slot_gaps(entries, args.burnt_map), "cpu": cpu,
         "busy": sum(cpu.values()) / (crawl_wall * (os.cpu_count() or 1)),
         "breakdown": breakdown(entries, hosts, manifest, args) if mode == "ours" and args.trace else {},
+        "pacing": pacing_trace(hosts) if variant == "adaptive" else {},
     }
     print(f"  round {r + 1} {variant:10s} efficiency {eff:.3f} (steady {res['steady']:.3f}): "
           f"{summary.ok_pages}/{len(expected)} pages OK in {summary.span_seconds:.1f}s = "
           f"{summary.throughput:.1f}/s; bans {summary.bans_served}, violations {summary.violations}, "
           f"overlaps {summary.overlaps}; crawl wall {crawl_wall:.1f}s; CPU busy {100 * res['busy']:.0f}% ("
           + ", ".join(f"{k} {v:.1f}s" for k, v in cpu.items()) + f"); exits {[h['exit'] for h in hosts]}", flush=True)
+    if variant == "adaptive":
+        res["blocked"] = summary.bans_served / max(1, summary.requests)
+        res["learned_after"] = learned_after(res["pacing"], ADAPTIVE_AFTER)
     return res
+
+
+def pacing_trace(hosts: list[dict]) -> dict:
+    """The learned interval over time, per site, from every host's releases (Redis clock): {site: [(t, s)]}
+    with t counted from the first release of the crawl."""
+    events = sorted((ev[3], ev[1], ev[4]) for h in hosts for ev in h["trace"]
+                    if ev[0] == "release" and len(ev) > 4 and ev[4] is not None)
+    if not events:
+        return {}
+    t0 = events[0][0]
+    out: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for t, url, interval in events:
+        site = url.split("/")[2]
+        out[site].append((t - t0, interval))
+    return dict(out)
+
+
+def learned_after(trace: dict, after: float) -> dict[str, float | None]:
+    """Per site, the largest learned interval in force at or after ``after`` seconds (None: the crawl ended
+    sooner): the figure the 25% target is judged on (its smallest is printed beside it)."""
+    return {site: max((iv for t, iv in points if t >= after), default=None) for site, points in trace.items()}
 
 
 def leases_held(redis_url: str) -> int:
@@ -706,7 +753,7 @@ def bench_efficiency(args: argparse.Namespace, kids: Kids, workdir: Path) -> dic
     scrapy_bound = args.hosts * args.concurrency_b / args.latency if args.latency else float("inf")
     args.ceiling = min(site_bound, scrapy_bound)
     bound = "site (live proxies / min_interval)" if site_bound <= scrapy_bound else "Scrapy concurrency"
-    variants = args.variants_b or (["ours", "baseline"] + (["ours-hz100", "ours-br"]
+    variants = args.variants_b or (["ours", "baseline", "adaptive"] + (["ours-hz100", "ours-br"]
                                                           if args.diagnose else []))
     print(f"\n(b) efficiency: {args.hosts} hosts x CONCURRENT_REQUESTS {args.concurrency_b}, {len(SITES)} sites x "
           f"{args.pages_b} pages, {args.healthy} healthy proxies ({args.burnt} burnt per site) + 1 dead, "
@@ -721,6 +768,40 @@ def bench_efficiency(args: argparse.Namespace, kids: Kids, workdir: Path) -> dic
     return {"runs": runs, "live": live, "site_bound": site_bound, "scrapy_bound": scrapy_bound, "bound": bound}
 
 
+def report_adaptive(args: argparse.Namespace, b: dict) -> list[str]:
+    """The adaptive variant: its targets, and the trace of each site's learned interval."""
+    rs = b["runs"]["adaptive"]
+    pick = sorted(rs, key=lambda r: r["efficiency"])[len(rs) // 2]
+    eff = median([r["efficiency"] for r in rs])
+    blocked = median([r["blocked"] for r in rs])
+    rule = args.site_interval
+    worst = [iv for r in rs for iv in r["learned_after"].values()]
+    within = bool(worst) and all(iv is not None and abs(iv - rule) <= ADAPTIVE_INTERVAL_TOLERANCE * rule
+                                 for iv in worst)
+    b["adaptive"] = {"efficiency": eff, "blocked": blocked, "within": within}
+    lines = [f"  adaptive (rule unknown, PROXY_SHARD_AUTOTHROTTLE_ENABLED, start 1 s, {args.pages_adaptive} pages per "
+             f"site): efficiency {eff:.3f} (target >= {ADAPTIVE_EFFICIENCY_TARGET}) "
+             f"{verdict(eff >= ADAPTIVE_EFFICIENCY_TARGET)}; blocked {100 * blocked:.2f}% of requests (target <= "
+             f"{100 * ADAPTIVE_BLOCKED_TARGET:.0f}%) {verdict(blocked <= ADAPTIVE_BLOCKED_TARGET)}",
+             f"    learned interval after {ADAPTIVE_AFTER:.0f}s, largest per site and run (rule {rule}s, target within "
+             f"{100 * ADAPTIVE_INTERVAL_TOLERANCE:.0f}%): "
+             + "; ".join(", ".join(f"{site} {'-' if iv is None else f'{iv:.3f}s'}"
+                                   for site, iv in sorted(r["learned_after"].items())) for r in rs)
+             + f" {verdict(within)}",
+             "    trace of the median run: learned interval in force (s) per site, at the end of each 5 s of the crawl"]
+    trace = pick["pacing"]
+    end = max((t for points in trace.values() for t, _ in points), default=0.0)
+    marks = [5.0 * k for k in range(1, int(end // 5) + 2)]
+    lines.append("    " + f"{'site':14s}" + "".join(f"{int(m):>7d}" for m in marks))
+    for site, points in sorted(trace.items()):
+        row = []
+        for m in marks:
+            before = [iv for t, iv in points if t <= m]
+            row.append(f"{before[-1]:7.3f}" if before else f"{'-':>7s}")
+        lines.append(f"    {site:14s}" + "".join(row))
+    return lines
+
+
 def report_efficiency(args: argparse.Namespace, b: dict) -> list[str]:
     lines = ["", f"(b) Efficiency: strict site (latency {args.latency}s, 1 at a time, {args.site_interval}s between "
              f"starts per IP+site, 5s bans), {args.hosts} Scrapy processes x CONCURRENT_REQUESTS "
@@ -733,8 +814,8 @@ def report_efficiency(args: argparse.Namespace, b: dict) -> list[str]:
              f"{b['scrapy_bound']:.0f} pages/s -> the {b['bound']} bound applies",
              f"  {'variant':10s} {'efficiency per run':22s} {'median':>6s} {'steady':>6s} {'OK/s':>6s} "
              f"{'pages OK':>9s} {'bans':>5s} {'viol.':>5s} {'overl.':>6s} {'wall s':>6s} {'held':>4s} {'CPU':>4s}"]
-    expected = len(SITES) * args.pages_b
     for variant, rs in b["runs"].items():
+        expected = len(SITES) * (args.pages_adaptive if variant == "adaptive" else args.pages_b)
         effs = [r["efficiency"] for r in rs]
         pick = sorted(rs, key=lambda r: r["efficiency"])[len(rs) // 2]  # the median run's other figures
         s = pick["summary"]
@@ -749,6 +830,8 @@ def report_efficiency(args: argparse.Namespace, b: dict) -> list[str]:
         ours = b["ours"] = median([r["efficiency"] for r in b["runs"]["ours"]])
         lines.append(f"  ours efficiency = {ours:.3f} (target >= {EFFICIENCY_TARGET}) "
                      f"{verdict(ours >= EFFICIENCY_TARGET)}")
+    if "adaptive" in b["runs"]:
+        lines += report_adaptive(args, b)
     lines.append("  Where the time goes: parts of one cycle of a live (IP, site) slot, medians in ms over every cycle "
                  "of the median run (site log joined with the crawls' traces; ideal = latency + rest = "
                  f"{1000 * (args.latency + args.interval):.0f} ms, the site allows {1000 * args.site_interval:.0f})")
@@ -836,6 +919,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--repeat-b", type=int, help="rounds of (b) (default 3; quick 1)")
     p.add_argument("--pages-a", type=int, help="pages per crawl in (a) (default 1500; quick 600)")
     p.add_argument("--pages-b", type=int, help="pages per site in (b) (default 400; quick 100)")
+    p.add_argument("--pages-adaptive", type=int,
+                   help="pages per site for the adaptive variant of (b): it must crawl past 60 s (default 3000)")
     p.add_argument("--proxies-a", type=int, default=8)
     p.add_argument("--concurrency-a", type=int, default=32)
     p.add_argument("--site-concurrency-a", type=int, default=16)
@@ -871,6 +956,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.repeat_b = args.repeat_b or (1 if quick else 3)
     args.pages_a = args.pages_a or (600 if quick else 1500)
     args.pages_b = args.pages_b or (100 if quick else 400)
+    args.pages_adaptive = args.pages_adaptive or 3000
     args.warmup = not quick
     unknown = set(args.variants_b or ()) - set(VARIANTS_B)
     if unknown:
@@ -909,6 +995,14 @@ def main(argv: list[str] | None = None) -> int:
             lines += report_efficiency(args, b)
             if "ours" in b and b["ours"] < EFFICIENCY_TARGET:
                 misses.append(f"(b) ours efficiency {b['ours']:.3f} < {EFFICIENCY_TARGET}")
+            ad = b.get("adaptive")
+            if ad and ad["efficiency"] < ADAPTIVE_EFFICIENCY_TARGET:
+                misses.append(f"(b) adaptive efficiency {ad['efficiency']:.3f} < {ADAPTIVE_EFFICIENCY_TARGET}")
+            if ad and ad["blocked"] > ADAPTIVE_BLOCKED_TARGET:
+                misses.append(f"(b) adaptive blocked {100 * ad['blocked']:.2f}% > {100 * ADAPTIVE_BLOCKED_TARGET:.0f}%")
+            if ad and not ad["within"]:
+                misses.append(f"(b) adaptive learned interval not within {100 * ADAPTIVE_INTERVAL_TOLERANCE:.0f}% "
+                              f"of the rule after {ADAPTIVE_AFTER:.0f}s")
     finally:
         kids.stop_all()
         import shutil

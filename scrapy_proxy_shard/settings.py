@@ -26,12 +26,16 @@ from scrapy.settings import BaseSettings
 
 from scrapy_proxy_shard.engine.bans import BanOptions
 from scrapy_proxy_shard.engine.breaker import BreakerOptions
+from scrapy_proxy_shard.engine.pacing import AutothrottleOptions
 from scrapy_proxy_shard.engine.proxies import mask, parse_proxy
 from scrapy_proxy_shard.engine.schema import check_name
 from scrapy_proxy_shard.exceptions import SettingError
 
 DEFAULT_BAN_CODES: tuple[int, ...] = (403, 429, 503)
 DEFAULT_PROXY_FAILURE_CODES: tuple[int, ...] = (407,)
+#: Ban reasons (``Verdict.reason``) that say "too fast" rather than "this IP": they may raise a site's
+#: learned interval under adaptive pacing (docs/pacing.md).
+DEFAULT_RATE_BAN_REASONS: tuple[str, ...] = ("http_429", "http_503", "challenge_redirect", "challenge_page")
 
 #: Where anti-bot systems send a client they distrust; searched (case-insensitively) in a URL's host
 #: and in its path + query.
@@ -71,6 +75,12 @@ DEFAULTS: dict[str, Any] = {
     "PROXY_SHARD_MIN_INTERVAL": 1.0,  # start-to-start, per IP, site and slot
     "PROXY_SHARD_REST_AFTER_RESPONSE": 0.0,
     "PROXY_SHARD_RANDOMIZE_INTERVAL": False,
+    "PROXY_SHARD_AUTOTHROTTLE_ENABLED": False,
+    "PROXY_SHARD_AUTOTHROTTLE_START_INTERVAL": 1.0,
+    "PROXY_SHARD_AUTOTHROTTLE_MIN_INTERVAL": 0.1,
+    "PROXY_SHARD_AUTOTHROTTLE_MAX_INTERVAL": 60.0,
+    "PROXY_SHARD_AUTOTHROTTLE_BAN_REASONS": DEFAULT_RATE_BAN_REASONS,
+    "PROXY_SHARD_AUTOTHROTTLE_BAN_TTL": 10.0,
     "PROXY_SHARD_SESSION_TTL": 600.0,
     "PROXY_SHARD_SITE_IDLE_TTL": 3600.0,  # a site's slot state expires this long after its last use
     "PROXY_SHARD_SITES": {},
@@ -122,7 +132,9 @@ MODES = ("auto", "redis", "embedded", "static")
 EVICTION_CHOICES = ("refuse", "warn")
 
 #: Options of a ``PROXY_SHARD_SITES`` entry: pacing for the lease engine, content rules for the policy.
-SITE_PACING_OPTIONS = ("concurrency", "min_interval", "rest_after_response", "randomize_interval")
+SITE_PACING_OPTIONS = ("concurrency", "min_interval", "rest_after_response", "randomize_interval",
+                       "autothrottle_enabled", "autothrottle_start_interval", "autothrottle_min_interval",
+                       "autothrottle_max_interval")
 SITE_POLICY_OPTIONS = ("required_css", "min_body_size", "min_body_ratio", "ban_codes", "challenge_patterns")
 #: The site circuit breaker's options (``PROXY_SHARD_BREAKER_<NAME>`` as ``breaker_<name>``).
 BREAKER_FIELDS = ("threshold", "min_proxies", "window", "cooloff", "max_cooloff", "probes")
@@ -155,6 +167,9 @@ class SiteOptions:
     min_interval: float
     rest_after_response: float = 0.0
     randomize_interval: bool = False
+    #: Adaptive pacing (``PROXY_SHARD_AUTOTHROTTLE_*``): when enabled, the interval learned in Redis for
+    #: the site replaces ``min_interval``. None: off.
+    autothrottle: AutothrottleOptions | None = None
 
 
 @dataclass(frozen=True)
@@ -249,6 +264,9 @@ class ShardSettings:
     min_interval: float
     rest_after_response: float
     randomize_interval: bool
+    autothrottle: AutothrottleOptions
+    autothrottle_ban_reasons: frozenset[str]
+    autothrottle_ban_ttl: float
     session_ttl: float
     site_idle_ttl: float
     sites: Mapping[str, SiteOptions]
@@ -324,6 +342,7 @@ class ShardSettings:
             rest_after_response=_number(get, "PROXY_SHARD_REST_AFTER_RESPONSE", minimum=0.0, maximum=MAX_INTERVAL),
             randomize_interval=_boolean(s, "PROXY_SHARD_RANDOMIZE_INTERVAL"),
         )
+        autothrottle = _autothrottle(get, None, _AUTOTHROTTLE_SETTINGS, _boolean(s, "PROXY_SHARD_AUTOTHROTTLE_ENABLED"))
         concurrency = pacing.concurrency
         session_ttl = _number(get, "PROXY_SHARD_SESSION_TTL", minimum=0.001, maximum=MAX_SESSION_TTL)
         bans = BanOptions(
@@ -338,7 +357,7 @@ class ShardSettings:
                 f"PROXY_SHARD_BAN_MAX_TTL ({bans.max_ttl!r}) must be >= PROXY_SHARD_BAN_TTL ({bans.ttl!r})"
             )
         site_entries = _site_entries(s)
-        sites = _sites(site_entries, pacing)
+        sites = _sites(site_entries, pacing, autothrottle)
         site_idle_ttl = _site_idle_ttl(get, pacing, sites)
         breaker = _breaker(get, lambda f: f"PROXY_SHARD_BREAKER_{f.upper()}", BreakerOptions())
         return cls(
@@ -355,6 +374,9 @@ class ShardSettings:
             min_interval=min_interval,
             rest_after_response=pacing.rest_after_response,
             randomize_interval=pacing.randomize_interval,
+            autothrottle=autothrottle,
+            autothrottle_ban_reasons=_reasons(get, "PROXY_SHARD_AUTOTHROTTLE_BAN_REASONS"),
+            autothrottle_ban_ttl=_number(get, "PROXY_SHARD_AUTOTHROTTLE_BAN_TTL", minimum=0.001, maximum=MAX_BAN_TTL),
             session_ttl=session_ttl,
             site_idle_ttl=site_idle_ttl,
             sites=sites,
@@ -397,7 +419,8 @@ class ShardSettings:
     def site_options(self, site: str) -> SiteOptions:
         """Pacing for a site key (a registrable domain or a site group)."""
         return self.sites.get(site) or SiteOptions(self.site_concurrency, self.min_interval,
-                                                   self.rest_after_response, self.randomize_interval)
+                                                   self.rest_after_response, self.randomize_interval,
+                                                   self.autothrottle if self.autothrottle.enabled else None)
 
 
 @functools.cache
@@ -545,8 +568,9 @@ def _site_idle_ttl(get: Any, pacing: SiteOptions, sites: Mapping[str, SiteOption
     return idle
 
 
-def _sites(entries: list[tuple[str, str, dict[str, Any]]], pacing: SiteOptions) -> dict[str, SiteOptions]:
-    """Pacing of each site, the global values (``pacing``) where a site sets none."""
+def _sites(entries: list[tuple[str, str, dict[str, Any]]], pacing: SiteOptions,
+           autothrottle: AutothrottleOptions) -> dict[str, SiteOptions]:
+    """Pacing of each site, the global values (``pacing``, ``autothrottle``) where a site sets none."""
     out: dict[str, SiteOptions] = {}
     for key, label, options in entries:
         def site_get(name: str, default: Any = None, _options=options) -> Any:
@@ -562,6 +586,7 @@ def _sites(entries: list[tuple[str, str, dict[str, Any]]], pacing: SiteOptions) 
             _number(site_get, f"{label}.rest_after_response", pacing.rest_after_response, minimum=0.0,
                     maximum=MAX_INTERVAL),
             randomize,
+            _site_autothrottle(options, label, autothrottle),
         )
     return out
 
@@ -603,6 +628,60 @@ def _site_breakers(entries: list[tuple[str, str, dict[str, Any]]],
             enabled = _boolean(BaseSettings({"e": options["breaker_enabled"]}), "e", label=f"{label}.breaker_enabled")
         out[key] = breaker if enabled else None
     return out
+
+
+def _autothrottle(get, base: AutothrottleOptions | None, names: Mapping[str, str],
+                  enabled: bool) -> AutothrottleOptions:
+    """Adaptive pacing bounds read through ``get`` under ``names`` (field -> setting name), ``base``'s where
+    unset. Every bound is above 0 (a raise multiplies the interval) and START within [MIN, MAX]."""
+    def one(field_name: str) -> float:
+        return _number(get, names[field_name], base and getattr(base, field_name), minimum=0.001,
+                       maximum=MAX_INTERVAL)
+
+    options = AutothrottleOptions(enabled=enabled, start_interval=one("start_interval"),
+                                  min_interval=one("min_interval"), max_interval=one("max_interval"))
+    if options.min_interval > options.max_interval:
+        raise SettingError(f"{names['min_interval']} ({options.min_interval!r}) must be <= {names['max_interval']} "
+                           f"({options.max_interval!r})")
+    if not options.min_interval <= options.start_interval <= options.max_interval:
+        raise SettingError(f"{names['start_interval']} ({options.start_interval!r}) must be within "
+                           f"{names['min_interval']} ({options.min_interval!r}) and {names['max_interval']} "
+                           f"({options.max_interval!r})")
+    return options
+
+
+_AUTOTHROTTLE_FIELDS = ("start_interval", "min_interval", "max_interval")
+_AUTOTHROTTLE_SETTINGS = {f: f"PROXY_SHARD_AUTOTHROTTLE_{f.upper()}" for f in _AUTOTHROTTLE_FIELDS}
+
+
+def _site_autothrottle(options: Mapping[str, Any], label: str,
+                       base: AutothrottleOptions) -> AutothrottleOptions | None:
+    """A site's ``autothrottle_*`` options over the global ones; None when adaptive pacing is off there."""
+    enabled = base.enabled
+    if "autothrottle_enabled" in options:
+        enabled = _boolean(BaseSettings({"e": options["autothrottle_enabled"]}), "e",
+                           label=f"{label}.autothrottle_enabled")
+    names = {f: f"{label}.autothrottle_{f}" for f in _AUTOTHROTTLE_FIELDS}
+    values = {names[f]: options[f"autothrottle_{f}"] for f in _AUTOTHROTTLE_FIELDS if f"autothrottle_{f}" in options}
+
+    def site_get(name: str, default: Any = None) -> Any:
+        return values.get(name, default)
+
+    options = _autothrottle(site_get, base, names, enabled)
+    return options if options.enabled else None
+
+
+def _reasons(get, name: str) -> frozenset[str]:
+    """Ban reason slugs (``Verdict.reason``: ``[a-z0-9_:-]``); a lone string is one reason."""
+    raw = get(name)
+    try:
+        items = _one_or_many(raw)
+    except TypeError:
+        items = None
+    if items is None or not all(isinstance(r, str) and re.fullmatch(r"[a-z0-9_:-]+", r) for r in items):
+        raise SettingError(f"{name} ({raw!r}) must be a list of ban reasons such as 'http_429' "
+                           "(lower-case letters, digits, '_', ':', '-')")
+    return frozenset(items)
 
 
 def _site_rules(entries: list[tuple[str, str, dict[str, Any]]]) -> dict[str, SiteContentRules]:

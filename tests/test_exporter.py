@@ -17,7 +17,7 @@ from scrapy_proxy_shard.ops.exporter import serve
 NS = "exp"
 URLS = ["http://alice:Pw-Exp-1@10.5.0.1:3128", "http://10.5.0.2:3128", "http://10.5.0.3:3128",
         "http://10.5.0.4:3128"]
-ALLOWED_LABELS = {"pool", "site", "state", "reason", "outcome", "host", "quantile", "status"}
+ALLOWED_LABELS = {"pool", "site", "state", "reason", "outcome", "host", "quantile", "status", "change"}
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import time
 
@@ -470,3 +471,40 @@ def test_ban_retry_budget_is_apart_from_scrapys_retry_times():
 
     assert run(scenario()) == [(3, 1), (3, 2)]
     assert h.stat("ban_retries/count") == 2 and h.stat("ban_retries/max_reached") == 1
+
+
+def test_adaptive_pacing_through_the_middlewares_learns_counts_and_rests_rate_banned_proxies():
+    """With PROXY_SHARD_AUTOTHROTTLE_ENABLED the release paces with the site's learned interval (the
+    stat shows it), a 429 is rate-type (quarantined for AUTOTHROTTLE_BAN_TTL, not BAN_TTL) and a 403 is
+    not (BAN_TTL), unless listed in AUTOTHROTTLE_BAN_REASONS."""
+    h = Harness({"PROXY_SHARD_AUTOTHROTTLE_ENABLED": True, "PROXY_SHARD_AUTOTHROTTLE_START_INTERVAL": 0.5,
+                 "PROXY_SHARD_AUTOTHROTTLE_BAN_TTL": 7, "PROXY_SHARD_BAN_TTL": 900, "PROXY_SHARD_BAN_JITTER": 0,
+                 "PROXY_SHARD_BAN_RETRIES": 0})
+    asked = []
+    release = h.runtime.store.release
+
+    async def spy(lease, **how):
+        asked.append((how["outcome"], how.get("rate_ban"), how.get("ban_ttl")))
+        return await release(lease, **how)
+
+    h.runtime.store.release = spy
+
+    async def one(status):
+        request = Request(f"http://shop.example/{status}")
+        await h.lease_mw.process_request(request)
+        with contextlib.suppress(ProxyBanned):
+            await h.respond(request, status=status, body=PAGE if status == 200 else b"no")
+        return request.meta["proxy_shard_proxy_id"]
+
+    async def scenario():
+        await h.open()
+        return [await one(status) for status in (200, 429, 403)]
+
+    _ok_id, rate_id, other_id = run(scenario())
+    assert asked == [("ok", False, None), ("ban", True, 7), ("ban", False, None)]
+    assert h.stat("autothrottle/interval/shop.example") == 0.5
+    assert h.admin.paces("default")["shop.example"].interval == 0.5
+    lengths = {b.proxy_id: round(b.until - b.since) for b in h.admin.bans("default")}
+    assert lengths == {rate_id: 7, other_id: 900}
+    assert h.stat("autothrottle/skip") == 1  # the 429's proxy had no clean answer on the site yet: no vote
+    assert "learned intervals shop.example 0.500s" in h.runtime._monitor.logstats.values({}, 1.0)["pacing"]

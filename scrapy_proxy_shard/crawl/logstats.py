@@ -7,7 +7,11 @@ free slots of the tightest sites. The pool figures come from the last heartbeat 
 so the line costs no Redis round trip of its own::
 
     proxy_shard: host-0: 240 leases (at 12.0/min), 96.1% ok, 5 bans, 14 waits (3.2s waited);
-    pool 'datacenter': 8 proxies, 3 hosts, free shop-a.test 2/8, market.test 5/8
+    pool 'datacenter': 8 proxies, 3 hosts, free shop-a.test 2/8, market.test 5/8;
+    learned intervals shop-a.test 0.213s, market.test 0.250s
+
+The learned intervals (adaptive pacing, ``PROXY_SHARD_AUTOTHROTTLE_ENABLED``) are the last values this
+host's releases were answered with (the ``proxy_shard/autothrottle/interval/<site>`` stats).
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ logger = logging.getLogger(__name__)
 
 #: Sites named per pool in the line (those with the fewest free slots); the rest are counted.
 MAX_SITES = 3
+#: Stat (under ``proxy_shard/``) holding a site's learned interval, seconds: ``<INTERVAL_STAT>/<site>``.
+INTERVAL_STAT = "autothrottle/interval"
 
 
 class PoolLogStats:
@@ -39,7 +45,7 @@ class PoolLogStats:
 
     def log(self, beats: Mapping[str, Beat], now: float) -> None:
         logger.info("proxy_shard: %(host)s: %(leases)d leases (at %(rate).1f/min), %(ok)s ok, %(bans)d bans, "
-                    "%(waits)d waits (%(waited).1fs waited); %(pools)s", self.values(beats, now))
+                    "%(waits)d waits (%(waited).1fs waited); %(pools)s%(pacing)s", self.values(beats, now))
 
     def values(self, beats: Mapping[str, Beat], now: float) -> dict[str, Any]:
         """The mapping the line is formatted with (tests read it directly)."""
@@ -59,7 +65,23 @@ class PoolLogStats:
             "waited": float(self._stat("wait_time")),
             "pools": "; ".join(pool_summary(pool, beat) for pool, beat in sorted(beats.items()))
                      or "no heartbeat yet",
+            "pacing": self._pacing(),
         }
+
+    def _pacing(self) -> str:
+        """``; learned intervals a.com 0.213s, b.com 0.250s (+2 sites)``, or "" without adaptive pacing."""
+        get_stats = getattr(self.stats, "get_stats", None)
+        if get_stats is None:
+            return ""
+        prefix = f"proxy_shard/{INTERVAL_STAT}/"
+        learned = [(k[len(prefix):], v) for k, v in get_stats().items() if k.startswith(prefix)]
+        if not learned:
+            return ""
+        # the slowest sites first: those are the ones the crawl waits for
+        learned.sort(key=lambda item: (-item[1], item[0]))
+        shown = ", ".join(f"{site} {value:.3f}s" for site, value in learned[:MAX_SITES])
+        more = f" (+{len(learned) - MAX_SITES} sites)" if len(learned) > MAX_SITES else ""
+        return f"; learned intervals {shown}{more}"
 
     def _stat(self, name: str) -> Any:
         if self.stats is None:

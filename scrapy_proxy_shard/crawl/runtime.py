@@ -19,6 +19,7 @@ from scrapy import Request, signals
 
 from scrapy_proxy_shard import signals as shard_signals
 from scrapy_proxy_shard.crawl.health import HostMonitor
+from scrapy_proxy_shard.crawl.logstats import INTERVAL_STAT
 from scrapy_proxy_shard.crawl.startup import StartupGate, check_eviction
 from scrapy_proxy_shard.engine.breaker import BreakerEvent
 from scrapy_proxy_shard.engine.schema import check_name
@@ -119,6 +120,7 @@ class ShardRuntime:
         self.left_alone: weakref.WeakSet[Request] = weakref.WeakSet()
         self._held: dict[str, Lease] = {}
         self._gate = _Gate()
+        self._learned: dict[str, float] = {}  # adaptive pacing: site -> the last learned interval seen
         self._stopping: asyncio.Event | None = None  # set when the crawl stops (see _stopping_event)
         self._watcher: asyncio.Future | None = None
         self._waiters = 0  # requests inside _until; the watcher runs only while there are some
@@ -297,11 +299,41 @@ class ShardRuntime:
         platform = platform_of(site_of_request(request), self.settings.platforms) if self.settings.platforms else None
         return platform_pool(pool, platform) if platform else pool
 
-    def _pacing(self, site: str) -> dict[str, Any]:
-        """The site's pacing as ``release`` keywords (the store applies the law and the randomization)."""
+    def _pacing(self, site: str, reason: str | None = None) -> dict[str, Any]:
+        """The site's pacing as ``release`` keywords (the store applies the law and the randomization).
+        With adaptive pacing, whether a ban of ``reason`` is rate-type (it may raise the learned interval;
+        its quarantine then starts at PROXY_SHARD_AUTOTHROTTLE_BAN_TTL)."""
         o = self.settings.site_options(site)
-        return {"min_interval": o.min_interval, "rest_after_response": o.rest_after_response,
-                "randomize_interval": o.randomize_interval}
+        kw = {"min_interval": o.min_interval, "rest_after_response": o.rest_after_response,
+              "randomize_interval": o.randomize_interval}
+        if o.autothrottle is not None and o.autothrottle.enabled:
+            kw["autothrottle"] = o.autothrottle
+            kw["rate_ban"] = reason in self.settings.autothrottle_ban_reasons
+            if kw["rate_ban"]:  # the pace takes the blame (and is slowed): the IP is only rested
+                kw["ban_ttl"] = self.settings.autothrottle_ban_ttl
+        return kw
+
+    def interval_of(self, site: str) -> float:
+        """The start-to-start interval paced on ``site``: the configured one, or with adaptive pacing the
+        last learned value this host saw (its start interval before any)."""
+        o = self.settings.site_options(site)
+        if o.autothrottle is not None and o.autothrottle.enabled:
+            return self._learned.get(site, o.autothrottle.start_interval)
+        return o.min_interval
+
+    def _note_pace(self, lease: Lease, result: ReleaseResult, reason: str | None) -> None:
+        """Adaptive pacing: the learned interval as a stat (and in the log line), its changes counted."""
+        if result.interval is None:
+            return
+        site = lease.site
+        self._learned[site] = result.interval
+        self.stats.set_value(f"{STATS}/{INTERVAL_STAT}/{site}", round(result.interval, 4))
+        if result.pace_event:
+            self.stats.inc_value(f"{STATS}/autothrottle/{result.pace_event}")
+        if result.pace_event == "up":
+            logger.info("proxy_shard: adaptive pacing: %(site)s interval raised to %(iv).3fs for every host "
+                        "(%(reason)s on proxy %(proxy)s)",
+                        {"site": site, "iv": result.interval, "reason": reason, "proxy": lease.proxy_id})
 
     # --- leasing -------------------------------------------------------------------------------
     def lease_of(self, request: Request) -> Lease | None:
@@ -539,7 +571,10 @@ class ShardRuntime:
         """
         pause = max(MIN_PAUSE, min(wait.wait, remaining))
         o = self.settings.site_options(site)
-        longest_pacing = max(o.min_interval * (1.5 if o.randomize_interval else 1.0), o.rest_after_response)
+        interval = self.interval_of(site)
+        if o.autothrottle is not None and o.autothrottle.enabled:
+            interval *= 1.5  # another host may have raised it once since this host last saw it
+        longest_pacing = max(interval * (1.5 if o.randomize_interval else 1.0), o.rest_after_response)
         exact = wait.reason == "session" or (wait.reason == "pool" and wait.wait <= longest_pacing)
         if exact:
             await asyncio.sleep(pause)
@@ -556,7 +591,7 @@ class ShardRuntime:
         latency = asyncio.get_running_loop().time() - entry.started if outcome == "ok" else None
         try:
             result = await self.store.release(
-                lease, outcome=outcome, latency=latency, **self._pacing(lease.site),
+                lease, outcome=outcome, latency=latency, **self._pacing(lease.site, reason),
                 reason=reason, session_ttl=self.settings.session_ttl,
             )
         except PoolBackendError as exc:
@@ -564,6 +599,7 @@ class ShardRuntime:
             logger.warning("proxy_shard: release failed (the lease expires by itself): %(e)s", {"e": exc})
             return None
         self.stats.inc_value(f"{STATS}/release/{result.status}")
+        self._note_pace(lease, result, reason)
         self.crawler.signals.send_catch_log(shard_signals.lease_released, request=request, lease=lease,
                                             outcome=outcome, reason=reason, result=result)
         if outcome in ("ban", "dead") and result.ban_until is None and result.breaker is not None:
@@ -584,7 +620,7 @@ class ShardRuntime:
             self._breaker_event(lease, result.breaker, reason or outcome)
         if lease.session_id and request.meta.get("proxy_shard_end_session"):
             await self.store.end_session(lease.pool, lease.site, lease.session_id,
-                                         min_interval=self.settings.site_options(lease.site).min_interval)
+                                         min_interval=self.interval_of(lease.site))
         return result
 
     def _breaker_event(self, lease: Lease, event: BreakerEvent, reason: str) -> None:

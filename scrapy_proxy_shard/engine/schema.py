@@ -39,8 +39,10 @@ DONE = "done"            # STRING per (op, token): the memoised reply of a write
 META = "meta"            # HASH created=ms (the pool was loaded once), seq, layout; mstep/mcursor while migrating
 BREAKER = "breaker"      # HASH per site: the site's circuit breaker (no key: closed)
 BREAKER_SEEN = "brkseen"  # ZSET per site: quarantines started since the site's last ok (breaker evidence)
+PACE = "pace"            # HASH per site: the learned interval of adaptive pacing (fields PACE_FIELDS)
 KEY_SUFFIXES = (PROXIES, TAGS, ORDER, SITE, SITEIDX, READY, LEASE, SESSION, BANS, BANIDX, PSTATS, HSTATS, SSTATS,
-                COUNTERS, WAITING, FREED, HOSTS, HOST, LOAD, DONE, META, BREAKER, BREAKER_SEEN)
+                COUNTERS, WAITING, FREED, HOSTS, HOST, LOAD, DONE, META, BREAKER, BREAKER_SEEN,
+                PACE)
 #: Keys of the layout before sites learnt proxies lazily (read only by the in-place migration).
 LEGACY_KEY_SUFFIXES = ("sites", "sitebuild")
 #: The hashes ``PoolStore.counters`` reads.
@@ -64,6 +66,13 @@ BREAKER_CLOSED = "brk_close"     # closed by a probe answered fine (site)
 BREAKER_SPARED = "brk_spared"    # bans while open or half-open: no quarantine, no strike (site)
 COUNTER_FIELDS = (LEASES, OK, ERRORS, BANNED, QUARANTINES, LATENCY, STALE, EXPIRED, REBINDS, Q_STARTED, Q_MS,
                   BREAKER_OPENED, BREAKER_REOPENED, BREAKER_CLOSED, BREAKER_SPARED)
+#: Fields of a site's ``PACE`` hash (``pace_release`` in lua/_lib.lua), besides ``p:<proxy id>``: the interval
+#: in force (ms), its last change, from when starts follow it, the clean run, the lowest interval known to fail,
+#: counts (raises, lowerings, skipped rate bans, floors lowered, failed probes), the pending vote, the probe.
+PACE_FIELDS = ("iv", "chg", "eff", "run", "bad", "up", "down", "skip", "forget", "fail", "back", "vote", "probe",
+               "piv", "pat", "pn", "prev")
+#: Field prefix of a proxy's last answer on the site in a ``PACE`` hash (``c`` clean, ``b`` a ban).
+PACE_PROXY = "p"
 #: Field of a session hash (``SESSION`` key): the id of the proxy the session is bound to.
 SESSION_PROXY = "p"
 #: Before the rename, hosts counted responses judged a ban as ``<host>:ban``; a pool written by an
@@ -137,6 +146,10 @@ def freed_key(prefix: str, site: str) -> str:
 
 def breaker_key(prefix: str, site: str) -> str:
     return f"{prefix}:{BREAKER}:{site}"
+
+
+def pace_key(prefix: str, site: str) -> str:
+    return f"{prefix}:{PACE}:{site}"
 
 
 def sub_key(prefix: str, name: str) -> str:

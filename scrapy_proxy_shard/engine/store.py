@@ -37,6 +37,7 @@ import redis.asyncio
 from scrapy_proxy_shard.engine import schema as keys
 from scrapy_proxy_shard.engine.bans import BanOptions
 from scrapy_proxy_shard.engine.breaker import BreakerEvent, BreakerOptions, BreakerState
+from scrapy_proxy_shard.engine.pacing import AutothrottleOptions, PaceState
 from scrapy_proxy_shard.engine.proxies import Proxy, make_proxy, mask, parse_proxy, proxy_id
 from scrapy_proxy_shard.engine.scripts import register_all
 from scrapy_proxy_shard.exceptions import PoolBackendError, PoolBusy, PoolUnreachable, UnknownPoolError
@@ -109,6 +110,12 @@ class ReleaseResult:
     ban_until: float | None = None
     strikes: int = 0
     breaker: BreakerEvent | None = None
+    #: Adaptive pacing (``autothrottle`` given): the site's learned interval in force after this answer
+    #: (seconds), and what the answer did (docs/pacing.md): ``""``, ``probe`` (this proxy tries a lower
+    #: interval), ``down``, ``fail`` (the probe met a rate ban), ``back`` (a provisional lowering
+    #: undone), ``up``, ``skip`` (a rate ban that changed nothing) or ``forget``. None / "" without it.
+    interval: float | None = None
+    pace_event: str = ""
 
 
 @dataclass(frozen=True)
@@ -326,7 +333,8 @@ class _StoreBase:
     def release(self, lease: Lease, *, outcome: str = "ok", latency: float | None = None,
                 min_interval: float = 0.0, reason: str | None = None,
                 session_ttl: float = 600.0, ban_ttl: float | None = None,
-                rest_after_response: float = 0.0, randomize_interval: bool = False):
+                rest_after_response: float = 0.0, randomize_interval: bool = False,
+                autothrottle: AutothrottleOptions | None = None, rate_ban: bool = False):
         """Give a slot back with the request's outcome; ``ban``/``dead`` quarantine the proxy.
 
         Pacing (on the Redis clock): the slot is free again at the later of the lease's start +
@@ -334,29 +342,45 @@ class _StoreBase:
         site's rate limit counts) and now + ``rest_after_response``. ``randomize_interval`` draws
         this release's interval from [0.5, 1.5) x ``min_interval`` (RANDOMIZE_DOWNLOAD_DELAY's
         band), so starts do not look machine-timed.
+
+        ``autothrottle`` (enabled): the site's interval learned in Redis for all hosts replaces
+        ``min_interval`` (randomized the same way); this answer updates it first: ``rate_ban`` says the
+        ban is rate-type (a 429, a challenge...), which may raise it; clean answers lower it.
         """
         return self._drive(self._release(lease, outcome, latency, min_interval, reason,
-                                         session_ttl, ban_ttl, rest_after_response, randomize_interval))
+                                         session_ttl, ban_ttl, rest_after_response, randomize_interval,
+                                         autothrottle, rate_ban))
 
     def _release(self, lease, outcome, latency, min_interval, reason, session_ttl, ban_ttl,
-                 rest_after_response=0.0, randomize_interval=False) -> Plan:
+                 rest_after_response=0.0, randomize_interval=False, autothrottle=None, rate_ban=False) -> Plan:
         if outcome not in OUTCOMES:
             raise ValueError(f"outcome must be one of {OUTCOMES}, got {outcome!r}")
         ban_args = self._ban_args(outcome == "dead", ban_ttl)
         interval = _ms(min_interval, "min_interval")
+        factor = 1.0
         if randomize_interval:
-            interval = round(interval * (0.5 + self._random()))  # [0.5, 1.5) x, like Scrapy's
+            factor = 0.5 + self._random()  # [0.5, 1.5) x, like Scrapy's
+            interval = round(interval * factor)
+        adaptive = autothrottle is not None and autothrottle.enabled
+        pace_args = (
+            "1" if adaptive else "0",
+            *(max(1, _ms(getattr(autothrottle, name), name)) if adaptive else 1
+              for name in ("start_interval", "min_interval", "max_interval")),
+            repr(factor), "1" if adaptive and rate_ban and outcome == "ban" else "0",
+        )
         reply = yield _Script("release", (self.prefix(lease.pool),), (
             lease.site, lease.member, lease.token, outcome,
             -1 if latency is None else max(0, round(latency * 1000)),
             interval, self.host_id, lease.session_id or "",
             _ms(max(session_ttl, 0.001)), _reason(reason or outcome), *ban_args,
             repr(float(self.ewma_alpha)), _ms(rest_after_response, "rest_after_response"),
-            self._breaker_arg(lease.site),
+            self._breaker_arg(lease.site), *pace_args,
         ))
         until = int(reply[2])
+        learned = reply[10] if len(reply) > 10 else ""
         return ReleaseResult(reply[0].lower(), int(reply[1]) / 1000,
-                             until / 1000 if until else None, int(reply[3]), _breaker_event(reply[4:10]))
+                             until / 1000 if until else None, int(reply[3]), _breaker_event(reply[4:10]),
+                             float(learned) / 1000 if learned else None, reply[11] if len(reply) > 11 else "")
 
     def breaker_options(self, site: str) -> BreakerOptions | None:
         """The circuit breaker's options for ``site`` on this store (None: off)."""
@@ -640,6 +664,26 @@ class _StoreBase:
             if not offset:
                 return dict(sorted(found.items()))
 
+    def paces(self, pool: str):
+        """Each site's learned pacing (adaptive pacing), for the sites that have one: {site: PaceState}."""
+        return self._drive(self._paces(pool))
+
+    def _paces(self, pool) -> Plan:
+        prefix = self.prefix(pool)
+        sites = yield from self._sites(pool)
+        out: dict[str, PaceState] = {}
+        for site in sorted(sites or ()):
+            raw = yield _Command(("HMGET", keys.pace_key(prefix, site), *keys.PACE_FIELDS))
+            row = dict(zip(keys.PACE_FIELDS, raw or [], strict=False))
+            if not row.get("iv"):
+                continue
+            bad = float(row.get("bad") or 0)
+            out[site] = PaceState(site, float(row["iv"]) / 1000, int(row.get("chg") or 0) / 1000,
+                                  bad / 1000 if bad > 0 else None, int(row.get("run") or 0),
+                                  *(int(row.get(name) or 0) for name in keys.PACE_FIELDS[5:11]),
+                                  row.get("probe") or None, float(row.get("piv") or 0) / 1000 or None)
+        return out
+
     def pool_status(self, pool: str, site: str, *, detail: bool = False, chunk: int = 256):
         """Slots of a site by state (free, leased, session, cooling, banned) and per host; with
         ``detail`` every slot that is not free. None for a site the pool never served.
@@ -853,7 +897,8 @@ class PoolBackend(Protocol):
     async def release(self, lease: Lease, *, outcome: str = "ok", latency: float | None = None,
                       min_interval: float = 0.0, reason: str | None = None,
                       session_ttl: float = 600.0, ban_ttl: float | None = None,
-                      rest_after_response: float = 0.0, randomize_interval: bool = False) -> ReleaseResult:
+                      rest_after_response: float = 0.0, randomize_interval: bool = False,
+                      autothrottle: AutothrottleOptions | None = None, rate_ban: bool = False) -> ReleaseResult:
         """Give a slot back: free again at max(lease start + min_interval, now + rest_after_response)."""
         ...
 

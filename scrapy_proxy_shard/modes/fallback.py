@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from scrapy_proxy_shard.engine.pacing import AutothrottleOptions
 from scrapy_proxy_shard.engine.proxies import Proxy, make_proxy
 from scrapy_proxy_shard.engine.store import (
     AddResult,
@@ -212,10 +213,11 @@ class FallbackPoolStore(PoolBackend):
     async def release(self, lease: Lease, *, outcome: str = "ok", latency: float | None = None,
                       min_interval: float = 0.0, reason: str | None = None,
                       session_ttl: float = 600.0, ban_ttl: float | None = None,
-                      rest_after_response: float = 0.0, randomize_interval: bool = False) -> ReleaseResult:
+                      rest_after_response: float = 0.0, randomize_interval: bool = False,
+                      autothrottle: AutothrottleOptions | None = None, rate_ban: bool = False) -> ReleaseResult:
         how = {"outcome": outcome, "latency": latency, "min_interval": min_interval, "reason": reason,
                "session_ttl": session_ttl, "ban_ttl": ban_ttl, "rest_after_response": rest_after_response,
-               "randomize_interval": randomize_interval}
+               "randomize_interval": randomize_interval, "autothrottle": autothrottle, "rate_ban": rate_ban}
         local = self._local_leases.pop(lease.token, None)
         if local is not None:
             result = await self._ensure_local().release(lease, **how)

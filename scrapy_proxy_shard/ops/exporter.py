@@ -175,6 +175,14 @@ def pool_metrics(snapshots: Sequence[PoolSnapshot],
                    ["pool", "site", "outcome"],
                    [((s.pool, site_label(s.pool, site), name), v) for s in snapshots for site in _sites(s)
                     for name, v in zip(OUTCOMES, _triple(s.site_outcomes(site)), strict=True)])
+    yield _gauge("proxy_shard_site_interval_seconds", "Learned start-to-start interval per site (adaptive pacing)",
+                 ["pool", "site"],
+                 [((s.pool, site), p.interval) for s in snapshots for site, p in sorted(s.paces.items())])
+    yield _counter("proxy_shard_site_interval_changes", "Changes of a site's learned interval by kind (up: rate "
+                   "bans raised it, down: clean answers lowered it, skip: a rate ban that changed nothing)",
+                   ["pool", "site", "change"],
+                   [((s.pool, site, kind), getattr(p, attr)) for s in snapshots for site, p in sorted(s.paces.items())
+                    for kind, attr in (("up", "raised"), ("down", "lowered"), ("skip", "skipped"))])
     yield per_pool("proxy_shard_success_ratio", "ok / (ok + error + banned) over the pool's requests",
                    lambda s: s.outcomes.success_ratio)
     yield _gauge("proxy_shard_proxy_latency_seconds", "Spread of the proxies' EWMA response times",

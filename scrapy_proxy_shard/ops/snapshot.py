@@ -18,6 +18,7 @@ from typing import Any
 
 from scrapy_proxy_shard.engine import schema
 from scrapy_proxy_shard.engine.breaker import BreakerState
+from scrapy_proxy_shard.engine.pacing import PaceState
 from scrapy_proxy_shard.engine.store import BanRecord, HostRecord, PoolStore, ProxyRecord, SiteStatus
 
 #: Slot states in the order the views show them (``free`` plus the states of ``pool_status.lua``).
@@ -86,6 +87,7 @@ class PoolSnapshot:
     concurrency: dict[str, int] = field(default_factory=dict)  # site -> slots per proxy
     records: list[ProxyRecord] | None = field(default=None, repr=False)
     breakers: dict[str, BreakerState] = field(default_factory=dict)  # sites whose breaker is not closed
+    paces: dict[str, PaceState] = field(default_factory=dict)  # site -> learned pacing (adaptive pacing)
 
     # --- proxies and quarantines -----------------------------------------------------------------
     @property
@@ -252,6 +254,7 @@ def read_pool(store: PoolStore, pool: str, *, detail: bool = False) -> PoolSnaps
         concurrency=site_names,
         records=records,
         breakers={site: b for site in site_names if (b := store.breaker(pool, site)) is not None},
+        paces=store.paces(pool),
     )
 
 

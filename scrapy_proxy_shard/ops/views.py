@@ -108,8 +108,10 @@ def status_text(snap: PoolSnapshot, *, proxies: bool = False) -> str:
             so = snap.site_outcomes(s.site)
             rows.append((s.site, s.slots, s.free, s.leased, s.session, s.cooling, s.banned,
                          duration(s.next_free_in) if s.free == 0 else "now", so.leases, percent(so.success_ratio),
-                         int(snap.site_stats.get(s.site, {}).get(schema.QUARANTINES, 0)), breaker_text(snap, s.site)))
-        lines += ["", table(rows, ["site", "slots", *STATES, "next free", "requests", "ok", "quarantines", "breaker"],
+                         int(snap.site_stats.get(s.site, {}).get(schema.QUARANTINES, 0)), breaker_text(snap, s.site),
+                         _pace_cell(snap, s.site)))
+        lines += ["", table(rows, ["site", "slots", *STATES, "next free", "requests", "ok", "quarantines", "breaker",
+                                   "learned interval"],
                             "  ")]
     else:
         lines.append("  no site served yet")
@@ -146,6 +148,23 @@ def breaker_json(snap: PoolSnapshot, site: str) -> dict[str, Any]:
                    cooloff=_r(b.cooloff), probes_used=b.probes_used, probes=b.probes, since=_r(b.since),
                    trips=b.trips)
     return out
+
+
+def _pace_cell(snap: PoolSnapshot, site: str) -> str:
+    """``0.213s (3 up, 41 down)``: the site's learned interval (adaptive pacing), or ``-``."""
+    pace = snap.paces.get(site)
+    if pace is None:
+        return "-"
+    return f"{pace.interval:.3f}s ({pace.raised} up, {pace.lowered} down)"
+
+
+def _pace_json(snap: PoolSnapshot, site: str) -> dict[str, Any] | None:
+    pace = snap.paces.get(site)
+    if pace is None:
+        return None
+    return {"learned_interval": _r(pace.interval, 4), "changed_ago": _r(snap.now - pace.changed_at),
+            "floor_of": _r(pace.floor_of, 4), "clean_run": pace.clean_run, "raised": pace.raised,
+            "lowered": pace.lowered, "skipped": pace.skipped, "forgotten": pace.forgotten}
 
 
 def hosts_of_status(snap: PoolSnapshot) -> list[dict[str, Any]]:
@@ -200,6 +219,7 @@ def status_json(snap: PoolSnapshot, *, proxies: bool = False) -> dict[str, Any]:
             "next_free_in": _r(s.next_free_in), "requests": outcomes_json(snap.site_outcomes(s.site)),
             "quarantines_started": int(snap.site_stats.get(s.site, {}).get(schema.QUARANTINES, 0)),
             "breaker": breaker_json(snap, s.site),
+            "pacing": _pace_json(snap, s.site),
         } for s in snap.sites],
         "hosts": [{**h, "success_ratio": _r(h["success_ratio"], 4), "share": _r(h["share"], 4)}
                   for h in hosts_of_status(snap)],

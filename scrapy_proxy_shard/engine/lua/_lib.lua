@@ -41,6 +41,7 @@
 --                               an empty pool without it was lost by Redis (FLUSHALL, failover, eviction);
 --                               seq = last add number; layout=2 (mstep/mcursor while a pool written by
 --                               an older version migrates: see migrated())
+--   P:pace:<site>        HASH   adaptive pacing: the site's learned interval (see "Adaptive pacing" below)
 -- Times are milliseconds of the Redis server clock (TIME), so host clock skew cannot cause overlaps.
 
 local P = KEYS[1]
@@ -574,4 +575,145 @@ local function breaker_evidence(site, id, reason, now, conf)
   breaker_open_for(site, conf.cool, now)
   redis.call('HINCRBY', K_SSTATS, site .. ':brk_open', 1)
   return {'opened', #seen, distinct, table.concat(parts, ','), conf.window, conf.cool}
+
+-- ==== Adaptive pacing (PROXY_SHARD_AUTOTHROTTLE_*; the control law is argued in docs/pacing.md) ====
+-- P:pace:<site> HASH: one site's learned start-to-start interval, shared by every host and kept across
+-- host restarts (written by release.lua only, when the caller has autothrottle on for the site):
+--   iv     the interval in force, ms (fractional)
+--   chg    when iv last changed, ms      eff  chg + the interval before it: a start from eff on was
+--          scheduled by a release that already used iv; an earlier one may still be at the old pace
+--   run    clean answers to requests started at or after eff, since the last change or rate-ban vote
+--   vote   the proxy id of a pending rate-ban vote at this pace ('' none)
+--   probe  the proxy trying a lower interval ('' none), piv that interval (ms), pat when it began (ms),
+--          pn its clean answers at piv so far
+--   bad    the lowest interval known to fail (ms; 0: none yet): a failed probe's, or the one in force at
+--          a raise; lowering stops at bad x (1 + PACE_MARGIN) until PACE_FORGET_RUN clean answers there
+--          shrink bad by PACE_FORGET (the site may have loosened its rule)
+--   prev   the interval before the last lowering, while that lowering is provisional (its first
+--          PACE_LONE_RUN clean answers): a vote meanwhile goes back to prev instead of raising
+--   up, down, back, fail, skip, forget   raises, lowerings, lowerings undone, failed probes, rate bans
+--          that changed nothing, floors lowered (counters)
+--   p:<id> the proxy's last answer on the site: 'c' clean, 'b' a ban of any reason
+local PACE_UP = 1.5          -- a raise: interval x 1.5 (capped at the maximum)
+local PACE_DOWN = 0.8       -- a probe tries interval x 0.8, never below the floor nor the minimum
+local PACE_CLEAN_RUN = 5     -- clean answers at the pace before a probe starts
+local PACE_PROBE_RUN_FIRST = 3  -- clean answers of the probe proxy at the lower interval that adopt it,
+local PACE_PROBE_RUN = 10       -- ... once an interval is known to fail (near the rule: a stricter test)
+local PACE_PROBE_MS = 60000  -- a probe that has not concluded after max(this, 20 x its interval) is dropped
+local PACE_LONE_RUN = 20     -- clean answers at the pace that void a pending vote (it pointed at its proxy)
+local PACE_MARGIN = 0.05
+local PACE_FORGET_RUN = 1000
+local PACE_FORGET = 0.95
+
+local function pace_key(site) return P .. ':pace:' .. site end
+local function pace_ms(x) return string.format('%.3f', x) end
+
+-- Apply one answer to the site's learned interval. Returns the interval this release paces its slot
+-- with (ms: the probe's lower interval for the probe proxy, else the interval in force), what
+-- happened, and the interval in force (ms). What happened: '' (nothing changed), 'probe' (this proxy starts trying a lower interval), 'down' (a probe
+-- succeeded: every host uses it), 'fail' (a probe met a rate ban: the interval stays), 'up', 'skip' (a
+-- rate ban that raised nothing) or 'forget'. `start` is the answered request's start (ms, from its
+-- lease key) or nil when unknown (an expired lease: learns nothing); `rate` is true for a ban the
+-- caller classed as rate-type (PROXY_SHARD_AUTOTHROTTLE_BAN_REASONS).
+-- Lowering is tried on one proxy at a time (the probe), so a lower interval that breaks the site's
+-- rule costs one rate ban, not one per proxy. Raising is for the interval in force: a rate ban there is
+-- a *vote* when (1) its request started at or after eff (it was paced by the interval in force: one
+-- event seen by several requests or hosts, all started before the raise it caused, is one raise) and
+-- (2) its proxy's previous answer on the site was clean (a proxy that answered a ban, or nothing yet,
+-- is suspect, not the pace). The second vote from another proxy raises (the first when the pool holds
+-- one proxy); PACE_LONE_RUN clean answers at the pace void a pending vote: a ban that follows clean
+-- answers from other proxies at the same interval points at its proxy, so one bad proxy never raises
+-- the site's interval by itself.
+local function pace_release(site, id, start, outcome, rate, start_ms, min_ms, max_ms, now)
+  local K = pace_key(site)
+  local s = redis.call('HMGET', K, 'iv', 'eff', 'run', 'bad', 'vote', 'probe', 'piv', 'pat', 'pn', 'prev', 'p:' .. id)
+  local iv, eff = tonumber(s[1]), tonumber(s[2])
+  local run, bad, vote = tonumber(s[3]) or 0, tonumber(s[4]) or 0, s[5] or ''
+  local probe, piv, pat, pn = s[6] or '', tonumber(s[7]) or 0, tonumber(s[8]) or 0, tonumber(s[9]) or 0
+  local prev, last = tonumber(s[10]), s[11]
+  if not iv or not eff then
+    iv, eff = start_ms, now
+    redis.call('HSET', K, 'iv', pace_ms(iv), 'chg', istr(now), 'eff', istr(now), 'run', 0, 'bad', 0, 'vote', '',
+      'probe', '')
+  end
+  local bounded = iv
+  if bounded < min_ms then bounded = min_ms end
+  if bounded > max_ms then bounded = max_ms end
+  if bounded ~= iv then  -- the bounds were changed in the settings since the value was learned
+    redis.call('HSET', K, 'iv', pace_ms(bounded), 'chg', istr(now), 'eff', istr(now + iv), 'run', 0, 'vote', '',
+      'probe', '')
+    iv, eff, run, vote, probe = bounded, now + iv, 0, '', ''
+  end
+  if not start then return iv, '', iv end
+  local event = ''
+  local function change(new, what)
+    local before = ''
+    if what == 'down' then before = pace_ms(iv) end  -- provisional until PACE_LONE_RUN clean answers
+    redis.call('HSET', K, 'iv', pace_ms(new), 'chg', istr(now), 'eff', istr(now + iv), 'run', 0, 'vote', '',
+      'probe', '', 'prev', before)
+    redis.call('HINCRBY', K, what, 1)
+    iv, event, probe = new, what, ''
+  end
+  if outcome == 'ok' and last ~= 'c' then redis.call('HSET', K, 'p:' .. id, 'c') end
+  if outcome == 'ban' and last ~= 'b' then redis.call('HSET', K, 'p:' .. id, 'b') end
+
+  if probe ~= '' and probe == id then
+    -- The probe proxy's answer: its uses from the probe's start on are paced by piv.
+    if outcome == 'ok' then
+      if start >= pat then
+        pn = pn + 1
+        local needed = PACE_PROBE_RUN
+        if bad == 0 then needed = PACE_PROBE_RUN_FIRST end
+        if pn >= needed then change(piv, 'down') else redis.call('HSET', K, 'pn', pn) end
+      end
+    elseif outcome == 'ban' and rate and start >= pat then
+      redis.call('HSET', K, 'bad', pace_ms(piv), 'probe', '')
+      redis.call('HINCRBY', K, 'fail', 1)
+      probe, bad, event = '', piv, 'fail'
+    elseif outcome ~= 'unknown' then  -- another ban, an error, a dead proxy: no verdict on the pace
+      redis.call('HSET', K, 'probe', '')
+      probe = ''
+    end
+  elseif outcome == 'ok' then
+    if start >= eff then
+      run = run + 1
+      local floor = min_ms
+      if bad * (1 + PACE_MARGIN) > floor then floor = bad * (1 + PACE_MARGIN) end
+      if probe ~= '' and now > pat + math.max(PACE_PROBE_MS, 20 * piv) then
+        redis.call('HSET', K, 'probe', '')  -- its proxy was removed, or never came back
+        probe = ''
+      end
+      if probe == '' and not prev and run >= PACE_CLEAN_RUN and iv > floor + 0.01 then  -- (0.01: iv is kept to 3 decimals)
+        local new = iv * PACE_DOWN
+        if new < floor then new = floor end
+        redis.call('HSET', K, 'probe', id, 'piv', pace_ms(new), 'pat', istr(now), 'pn', 0, 'run', 0)
+        probe, piv, event = id, new, 'probe'
+      elseif probe == '' and bad > 0 and run >= PACE_FORGET_RUN then
+        redis.call('HSET', K, 'bad', pace_ms(bad * PACE_FORGET), 'run', 0, 'vote', '')
+        redis.call('HINCRBY', K, 'forget', 1)
+        event = 'forget'
+      elseif (vote ~= '' or prev) and run >= PACE_LONE_RUN then
+        redis.call('HSET', K, 'run', run, 'vote', '', 'prev', '')
+      else
+        redis.call('HSET', K, 'run', run)
+      end
+    end
+  elseif outcome == 'ban' and rate then
+    local votes = start >= eff and last == 'c'
+    if votes and prev then  -- a vote against a lowering still provisional: undo it, no raise
+      if iv > bad then redis.call('HSET', K, 'bad', pace_ms(iv)) end
+      change(prev, 'back')
+    elseif votes and ((vote ~= '' and vote ~= id) or redis.call('HLEN', K_PROXIES) < 2) then
+      local new = iv * PACE_UP
+      if new > max_ms then new = max_ms end
+      if iv > bad then redis.call('HSET', K, 'bad', pace_ms(iv)) end
+      change(new, 'up')
+    else
+      if votes then redis.call('HSET', K, 'vote', id, 'run', 0) end
+      redis.call('HINCRBY', K, 'skip', 1)
+      event = 'skip'
+    end
+  end
+  if probe ~= '' and probe == id then return piv, event, iv end
+  return iv, event, iv
 end

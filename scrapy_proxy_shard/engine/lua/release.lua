@@ -22,13 +22,21 @@
 --          (the slot is free at max(start + ARGV[6], now + ARGV[16]), never before a quarantine ends)
 -- ARGV[17] the site's circuit breaker options, "threshold,min_proxies,window_ms,cooloff_ms,
 --          max_cooloff_ms,probes", or "" when the breaker is off (see breaker_conf in _lib.lua)
+-- ARGV[18] adaptive pacing: "1" on (the site's learned interval in P:pace:<site> replaces ARGV[6];
+--          see pace_release in _lib.lua), "0" off (ARGV[19..23] are then ignored)
+-- ARGV[19] learned interval to start from, ms    ARGV[20] its minimum, ms    ARGV[21] its maximum, ms
+-- ARGV[22] factor the learned interval is paced with (the caller's randomization draw; "1" for none)
+-- ARGV[23] "1" when this ban is rate-type (PROXY_SHARD_AUTOTHROTTLE_BAN_REASONS), else "0"
 -- Replies:
---   {"OK", now_ms, ban_until_ms, strikes, breaker_event, bans, proxies, reasons, window_ms, cooloff_ms}
+--   {"OK", now_ms, ban_until_ms, strikes, breaker_event, bans, proxies, reasons, window_ms, cooloff_ms,
+--    learned_interval, pace_event}
 --        released (ban fields 0 when no ban was applied). breaker_event "" or: "opened" (this ban
 --        opened the site's breaker: bans, distinct proxies, "reason:n,..." and window are the
 --        evidence), "reopened" (this probe was banned), "closed" (this probe was fine), "spared" (a
 --        ban while the breaker is open or half-open: no quarantine, no strike); cooloff_ms with
---        opened/reopened. The STALE and EXPIRED replies carry the same fields.
+--        opened/reopened. learned_interval: the site's learned interval in force, ms as a string, ""
+--        when ARGV[18] is "0"; pace_event: what this answer did to it: "", "probe", "down", "fail",
+--        "back", "up", "skip" or "forget". The STALE and EXPIRED replies carry the same fields.
 --   {"STALE", now_ms, ban_until_ms, strikes}   the lease had expired and someone else holds the slot
 --        now: nothing was freed (never a double use); outcome and ban are still recorded
 --   {"EXPIRED", now_ms, ban_until_ms, strikes} the lease had expired and nobody holds the slot;
@@ -40,7 +48,10 @@ local bad = check_strings({{1, 'site'}, {2, 'member'}, {3, 'token'}, {7, 'host'}
   or check_args({{5, 'latency ms', -1, MAX_MS}, {6, 'min interval ms', 0, MAX_MS},
     {9, 'session ttl ms', 1, MAX_MS}, {11, 'ban ttl ms', 1, MAX_MS}, {12, 'ban max ttl ms', 1, MAX_MS},
     {13, 'jitter', -1, 1, true}, {14, 'strike window ms', 0, MAX_MS}, {15, 'ewma weight', 0, 1, true},
-    {16, 'rest after response ms', 0, MAX_MS}}) or check_strings({{17, 'breaker', true}})
+    {16, 'rest after response ms', 0, MAX_MS}, {18, 'autothrottle flag', 0, 1},
+    {19, 'autothrottle start interval ms', 1, MAX_MS}, {20, 'autothrottle min interval ms', 1, MAX_MS},
+    {21, 'autothrottle max interval ms', 1, MAX_MS}, {22, 'interval factor', 0, 2, true}, {23, 'rate ban flag', 0, 1}})
+  or check_strings({{17, 'breaker', true}})
 if bad then return redis.error_reply(bad) end
 local breaker, bad_breaker = breaker_conf(ARGV[17])
 if bad_breaker then return redis.error_reply(bad_breaker) end
@@ -59,6 +70,19 @@ local id = id_of(member)
 local ready = ready_key(site)
 local L = lease_key(site, member)
 local status = 'OK'
+
+-- Adaptive pacing: this answer updates the site's learned interval, which then paces the slot.
+local pace_iv, pace_event = '', ''
+if ARGV[18] == '1' then
+  local v = redis.call('GET', L)
+  local start = nil
+  if v and string.sub(v, 1, #token + 1) == token .. '|' then start = lease_start(v) end
+  local paced, learned
+  paced, pace_event, learned = pace_release(site, id, start, outcome, ARGV[23] == '1', tonumber(ARGV[19]),
+    tonumber(ARGV[20]), tonumber(ARGV[21]), now)
+  interval = math.floor(paced * tonumber(ARGV[22]) + 0.5)
+  pace_iv = pace_ms(learned)
+end
 
 if sid ~= '' then
   local S = session_key(site, sid)
@@ -135,4 +159,8 @@ elseif outcome == 'error' then
   redis.call('HINCRBY', K_SSTATS, site .. ':err', 1)
 end
 event = event or {'', 0, 0, '', 0, 0}
-return remember('release', token, {status, now, ban_until, strikes, unpack(event)})
+local reply = {status, now, ban_until, strikes}
+for _, x in ipairs(event) do reply[#reply + 1] = x end
+reply[#reply + 1] = pace_iv
+reply[#reply + 1] = pace_event
+return remember('release', token, reply)

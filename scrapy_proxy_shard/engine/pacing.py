@@ -1,0 +1,48 @@
+"""Adaptive pacing options the engine applies (settings.py fills them from ``PROXY_SHARD_AUTOTHROTTLE_*``).
+
+The control law itself runs inside ``release.lua`` (``pace_release`` in ``lua/_lib.lua``), on the Redis
+clock, once for all hosts; docs/pacing.md states it with its constants.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["AutothrottleOptions", "PaceState"]
+
+
+@dataclass(frozen=True)
+class AutothrottleOptions:
+    """One site's adaptive pacing (seconds): the learned start-to-start interval starts at
+    ``start_interval`` and stays within [``min_interval``, ``max_interval``]."""
+
+    enabled: bool
+    start_interval: float
+    min_interval: float
+    max_interval: float
+
+
+@dataclass(frozen=True)
+class PaceState:
+    """A site's learned pacing as Redis holds it (``PoolStore.paces``); times on the Redis clock, seconds.
+
+    ``interval``: in force now; ``changed_at``: its last change; ``floor_of``: the lowest interval known
+    to fail (None before any), lowering stops 5% above it; ``raised``, ``lowered``, ``skipped`` (rate
+    bans that changed nothing), ``forgotten`` (floors lowered), ``failed`` (probes that met a rate ban),
+    ``undone`` (provisional lowerings undone by a rate ban): counts; ``probe``/``probe_interval``: the
+    proxy trying a lower interval now, and that interval.
+    """
+
+    site: str
+    interval: float
+    changed_at: float
+    floor_of: float | None
+    clean_run: int
+    raised: int
+    lowered: int
+    skipped: int
+    forgotten: int
+    failed: int
+    undone: int
+    probe: str | None = None
+    probe_interval: float | None = None

@@ -1,0 +1,364 @@
+"""Adaptive pacing (PROXY_SHARD_AUTOTHROTTLE_*): the controller in release.lua on the Redis clock.
+
+A deterministic simulated site answers 429 when two request starts from one IP are closer than its
+rule (the starts it sees are the lease starts on the Redis clock plus a seeded path delay). On
+fakeredis the clock is controlled, so minutes of crawling run in seconds and every figure is exact;
+on a real redis-server the same engine runs in real time with small intervals and loose bounds.
+docs/pacing.md states the law and the band these tests hold it to.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+import time
+import types
+
+import fakeredis._socket._base
+import fakeredis.commands_mixins.server_mixin
+import pytest
+
+from scrapy_proxy_shard.crawl.logstats import PoolLogStats
+from scrapy_proxy_shard.engine import schema
+from scrapy_proxy_shard.engine.bans import BanOptions
+from scrapy_proxy_shard.engine.pacing import AutothrottleOptions
+from scrapy_proxy_shard.engine.proxies import make_proxy
+from scrapy_proxy_shard.engine.store import Lease, LeaseWait, PoolStore
+from scrapy_proxy_shard.exceptions import SettingError
+from scrapy_proxy_shard.ops.exporter import pool_metrics
+from scrapy_proxy_shard.ops.snapshot import read_pool
+from scrapy_proxy_shard.ops.views import status_json, status_text
+from scrapy_proxy_shard.settings import ShardSettings
+
+POOL = "main"
+SITE = "shop.example"
+BANS = BanOptions(ttl=1.0, max_ttl=4.0, jitter=0.0, strike_window=60.0, dead_ttl=1.0)
+
+
+class Clock:
+    """Real time on real servers; on fakeredis a controlled clock that ``sleep`` advances at once."""
+
+    def __init__(self, controlled: bool) -> None:
+        self.controlled = controlled
+        self._now = time.time()
+
+    def time(self) -> float:
+        return self._now if self.controlled else time.time()
+
+    def sleep(self, seconds: float) -> None:
+        if self.controlled:
+            self._now += max(0.0, seconds)
+        else:
+            time.sleep(max(0.0, seconds))
+
+
+def _control(monkeypatch) -> Clock:
+    clock = Clock(controlled=True)
+    stand_in = types.SimpleNamespace(**{name: getattr(time, name) for name in dir(time) if name[0] != "_"})
+    stand_in.time = clock.time
+    for module in (fakeredis._socket._base, fakeredis.commands_mixins.server_mixin):
+        monkeypatch.setattr(module, "time", stand_in)
+    return clock
+
+
+@pytest.fixture
+def fake_clock(monkeypatch) -> Clock:
+    return _control(monkeypatch)
+
+
+def _urls(n: int) -> list[str]:
+    return [f"http://10.9.0.{i + 1}:3128" for i in range(n)]
+
+
+def simulate(store: PoolStore, clock: Clock, at: AutothrottleOptions, *, proxies: int, rule: float,
+             latency: float, duration: float, jitter: float, bad: dict[int, float] | None = None,
+             seed: int = 7) -> dict:
+    """Crawl the simulated site for ``duration`` seconds with as many requests in flight as slots allow.
+
+    ``bad``: proxy index -> time (s from the start) from which the site bans that proxy on every request
+    (a burnt IP), whatever the pace. Returns the trace [(t, learned interval, event)], the counts, and the
+    final PaceState.
+    """
+    urls = _urls(proxies)
+    store.add_proxies(POOL, urls)
+    ids = [make_proxy(u).id for u in urls]
+    bad_from = {ids[i]: t for i, t in (bad or {}).items()}
+    rng = random.Random(seed)
+    last_start: dict[str, float] = {}
+    inflight: list = []
+    seq = 0
+    t0 = clock.time()
+    trace: list[tuple[float, float, str]] = []
+    ok = banned = violations = 0
+    while clock.time() < t0 + duration:
+        wait = 1.0
+        while True:
+            got = store.lease(POOL, SITE, ttl=30)
+            if isinstance(got, LeaseWait):
+                wait = got.wait
+                break
+            seen = got.issued_at + rng.random() * jitter  # when the site sees the request start
+            previous = last_start.get(got.proxy_id)
+            too_fast = previous is not None and seen - previous < rule
+            last_start[got.proxy_id] = seen
+            burnt = got.issued_at - t0 >= bad_from.get(got.proxy_id, float("inf"))
+            seq += 1
+            heapq.heappush(inflight, (got.issued_at + latency, seq, got, too_fast, burnt))
+        next_at = min(inflight[0][0] if inflight else float("inf"), clock.time() + wait)
+        clock.sleep(next_at - clock.time() + 0.0005)
+        while inflight and inflight[0][0] <= clock.time():
+            _, _, lease, too_fast, burnt = heapq.heappop(inflight)
+            ban = too_fast or burnt
+            violations += too_fast
+            result = store.release(lease, outcome="ban" if ban else "ok", reason="http_429" if ban else None,
+                                   autothrottle=at, rate_ban=ban)
+            ok += not ban
+            banned += ban
+            trace.append((clock.time() - t0, result.interval, result.pace_event))
+    return {"trace": trace, "ok": ok, "banned": banned, "violations": violations,
+            "pace": store.paces(POOL)[SITE]}
+
+
+def _between(trace, start, end):
+    return [(t, iv) for t, iv, _ in trace if start <= t < end]
+
+
+# --- the control law on a simulated site ------------------------------------------------------------
+
+def test_converges_toward_the_sites_rule_and_stays_in_the_band(fake_redis, fake_clock):
+    """From 5 x the rule, within the first half of the run the learned interval comes within 25% of the
+    site's rule and then stays in the documented band [rule, 1.5 x rule], inside 1.25 x rule nearly all
+    the time; rate bans stay far below 2% of the answers."""
+    rule = 0.1
+    store = PoolStore(fake_redis, namespace="t", host_id="h", bans=BANS)
+    at = AutothrottleOptions(True, start_interval=0.5, min_interval=0.02, max_interval=5.0)
+    run = simulate(store, fake_clock, at, proxies=3, rule=rule, latency=0.02, duration=50, jitter=0.01)
+    trace, pace = run["trace"], run["pace"]
+    assert trace[0][1] == pytest.approx(0.5)
+    late = _between(trace, 25, 50)
+    assert late and all(rule <= iv <= 1.5 * rule for _, iv in late), sorted({iv for _, iv in late})
+    inside = [iv for _, iv in late if iv <= 1.25 * rule]
+    assert len(inside) >= 0.9 * len(late)
+    assert rule <= pace.interval <= 1.25 * rule
+    assert run["banned"] <= 0.02 * (run["ok"] + run["banned"])
+    assert pace.lowered >= 5 and pace.floor_of is not None  # it came down step by step, then met the rule
+
+
+def test_a_site_that_gets_stricter_raises_the_interval_once_per_event(fake_redis, fake_clock):
+    """Learned at a loose rule, then the site halves its rate: the votes of two proxies at the pace in
+    force raise the interval x 1.5 per event, until it is above the new rule again."""
+    store = PoolStore(fake_redis, namespace="t", host_id="h", bans=BANS)
+    at = AutothrottleOptions(True, start_interval=0.1, min_interval=0.05, max_interval=5.0)
+    first = simulate(store, fake_clock, at, proxies=3, rule=0.05, latency=0.01, duration=15, jitter=0.0)
+    assert first["pace"].interval <= 0.075
+    second = simulate(store, fake_clock, at, proxies=3, rule=0.1, latency=0.01, duration=20, jitter=0.0)
+    pace = second["pace"]
+    assert pace.raised >= 1
+    assert 0.1 <= pace.interval <= 0.15 * 1.25
+    ups = [iv for _, iv, event in second["trace"] if event == "up"]
+    assert all(b == pytest.approx(a * 1.5, rel=0.01) or b == pytest.approx(5.0) for a, b in zip(
+        [first["pace"].interval, *ups], ups, strict=False))
+
+
+def test_a_proxy_the_site_has_burnt_never_raises_the_interval(fake_redis, fake_clock):
+    """Proxy 0 is banned on every request from the start; the pace is well above the rule: its bans are
+    never votes (its previous answer was never clean), so the site's interval only comes down."""
+    store = PoolStore(fake_redis, namespace="t", host_id="h", bans=BANS)
+    at = AutothrottleOptions(True, start_interval=0.4, min_interval=0.05, max_interval=5.0)
+    run = simulate(store, fake_clock, at, proxies=4, rule=0.01, latency=0.01, duration=20, jitter=0.0,
+                   bad={0: 0.0})
+    pace = run["pace"]
+    assert run["banned"] >= 3 and run["violations"] == 0
+    assert pace.raised == 0 and pace.undone == 0 and pace.skipped == run["banned"]
+    assert all(b <= a for (_, a, _), (_, b, _) in zip(run["trace"], run["trace"][1:], strict=False))
+    assert pace.interval == pytest.approx(0.05)
+
+
+def test_a_proxy_that_turns_bad_after_clean_answers_does_not_raise_the_interval(fake_redis, fake_clock):
+    """Proxy 1 answers clean for 5 s, then is banned on every request: one vote at most, voided by the
+    clean answers of the other proxies at the same interval; the interval is never raised."""
+    store = PoolStore(fake_redis, namespace="t", host_id="h", bans=BANS)
+    at = AutothrottleOptions(True, start_interval=0.2, min_interval=0.05, max_interval=5.0)
+    run = simulate(store, fake_clock, at, proxies=4, rule=0.01, latency=0.01, duration=20, jitter=0.0,
+                   bad={1: 5.0})
+    pace = run["pace"]
+    assert run["banned"] >= 3 and run["violations"] == 0
+    assert pace.raised == 0
+    before = max(iv for t, iv, _ in run["trace"] if t < 5.0)
+    assert max(iv for t, iv, _ in run["trace"] if t >= 5.0) <= before
+
+
+# --- several hosts, restarts, retries -------------------------------------------------------------------
+
+def test_three_hosts_reporting_one_ban_event_make_one_adjustment(real_or_fake):
+    """Three hosts each hold a request on its own proxy when the site starts answering 429: the three
+    bans are one event. The first is a vote, the second (another proxy) raises x 1.5, the third started
+    before that raise and changes nothing; a resent release (client retry) counts nothing again."""
+    client, clock = real_or_fake
+    hosts = [PoolStore(client, namespace="t", host_id=f"host-{i}", bans=BANS) for i in range(3)]
+    hosts[0].add_proxies(POOL, _urls(3))
+    at = AutothrottleOptions(True, start_interval=0.05, min_interval=0.01, max_interval=1.0)
+    for store in hosts:  # every proxy answered clean once
+        lease = store.lease(POOL, SITE, ttl=30)
+        assert isinstance(lease, Lease)
+        assert store.release(lease, autothrottle=at).interval == pytest.approx(0.05)
+    clock.sleep(0.06)
+    leases = [store.lease(POOL, SITE, ttl=30) for store in hosts]
+    assert all(isinstance(lease, Lease) for lease in leases)
+    assert len({lease.proxy_id for lease in leases}) == 3
+    results = [store.release(lease, outcome="ban", reason="http_429", autothrottle=at, rate_ban=True)
+               for store, lease in zip(hosts, leases, strict=True)]
+    assert [r.pace_event for r in results] == ["skip", "up", "skip"]
+    assert [r.interval for r in results] == pytest.approx([0.05, 0.075, 0.075])
+    again = hosts[2].release(leases[2], outcome="ban", reason="http_429", autothrottle=at, rate_ban=True)
+    assert again.pace_event == "skip" and again.interval == pytest.approx(0.075)
+    pace = hosts[0].paces(POOL)[SITE]
+    assert (pace.raised, pace.skipped, pace.interval, pace.floor_of) == (1, 2, pytest.approx(0.075),
+                                                                         pytest.approx(0.05))
+
+
+def test_the_learned_interval_survives_a_host_restart(real_or_fake):
+    """A new PoolStore (a restarted host) paces with what the cluster learned, not its start interval."""
+    client, clock = real_or_fake
+    first = PoolStore(client, namespace="t", host_id="before", bans=BANS)
+    first.add_proxies(POOL, _urls(2))
+    at = AutothrottleOptions(True, start_interval=0.1, min_interval=0.01, max_interval=1.0)
+    warm = [first.lease(POOL, SITE, ttl=30) for _ in range(2)]
+    for lease in warm:
+        first.release(lease, autothrottle=at)
+    clock.sleep(0.11)
+    leases = [first.lease(POOL, SITE, ttl=30) for _ in range(2)]
+    for lease in leases:
+        first.release(lease, outcome="ban", reason="http_503", autothrottle=at, rate_ban=True)
+    assert first.paces(POOL)[SITE].interval == pytest.approx(0.15)
+
+    restarted = PoolStore(client, namespace="t", host_id="after", bans=BANS)
+    assert restarted.paces(POOL)[SITE].interval == pytest.approx(0.15)
+    clock.sleep(BANS.ttl + 0.05)  # the two proxies' quarantines end
+    lease = restarted.lease(POOL, SITE, ttl=30)
+    assert isinstance(lease, Lease)
+    result = restarted.release(lease, outcome="unknown", autothrottle=at)
+    assert result.interval == pytest.approx(0.15)
+    other = restarted.lease(POOL, SITE, ttl=30)
+    restarted.release(other, outcome="unknown", autothrottle=at)
+    wait = restarted.lease(POOL, SITE, ttl=30)
+    assert isinstance(wait, LeaseWait) and wait.reason == "pool"
+    assert 0.1 < wait.wait <= 0.15  # paced by the learned 0.15 s from the start, not the start 0.1 s
+
+
+def test_without_autothrottle_nothing_is_learned(fake_redis):
+    store = PoolStore(fake_redis, namespace="t", host_id="h", bans=BANS)
+    store.add_proxies(POOL, _urls(1))
+    lease = store.lease(POOL, SITE, ttl=30)
+    result = store.release(lease, outcome="ban", reason="http_429", min_interval=0.2, rate_ban=True)
+    assert result.interval is None and result.pace_event == ""
+    assert store.paces(POOL) == {}
+    assert not fake_redis.exists(schema.pace_key(store.prefix(POOL), SITE))
+
+
+def test_settings_moved_since_learning_bound_the_learned_value(fake_redis):
+    """A learned value outside new bounds (the settings changed between crawls) is brought within them."""
+    store = PoolStore(fake_redis, namespace="t", host_id="h", bans=BANS)
+    store.add_proxies(POOL, _urls(2))
+    lease = store.lease(POOL, SITE, ttl=30)
+    assert store.release(lease, autothrottle=AutothrottleOptions(True, 2.0, 0.1, 5.0)).interval == 2.0
+    lease = store.lease(POOL, SITE, ttl=30)  # the other proxy
+    result = store.release(lease, autothrottle=AutothrottleOptions(True, 0.5, 0.1, 1.0))
+    assert result.interval == pytest.approx(1.0)
+    assert store.paces(POOL)[SITE].interval == pytest.approx(1.0)
+
+
+# --- where the learned value shows ---------------------------------------------------------------------
+
+def test_status_exporter_and_log_line_show_the_learned_interval(fake_redis):
+    store = PoolStore(fake_redis, namespace="t", host_id="h", bans=BANS)
+    store.add_proxies(POOL, _urls(2))
+    lease = store.lease(POOL, SITE, ttl=30)
+    store.release(lease, autothrottle=AutothrottleOptions(True, 0.25, 0.1, 5.0))
+    snap = read_pool(store, POOL)
+    assert "0.250s (0 up, 0 down)" in status_text(snap)
+    site = next(s for s in status_json(snap)["sites"] if s["site"] == SITE)
+    assert site["pacing"]["learned_interval"] == 0.25 and site["pacing"]["raised"] == 0
+    gauges = {f.name: f for f in pool_metrics([snap])}
+    sample = gauges["proxy_shard_site_interval_seconds"].samples[0]
+    assert sample.labels == {"pool": POOL, "site": SITE} and sample.value == 0.25
+
+    class Stats:
+        data = {"proxy_shard/leases": 3, "proxy_shard/autothrottle/interval/b.example": 0.4,
+                "proxy_shard/autothrottle/interval/a.example": 0.25}
+
+        def get_value(self, name, default=None):
+            return self.data.get(name, default)
+
+        def get_stats(self):
+            return dict(self.data)
+
+    values = PoolLogStats(Stats(), "h").values({}, 10.0)
+    assert values["pacing"] == "; learned intervals b.example 0.400s, a.example 0.250s"
+
+
+# --- settings ------------------------------------------------------------------------------------------
+
+def test_settings_defaults_and_per_site_overrides():
+    s = ShardSettings.from_settings({})
+    assert s.autothrottle == AutothrottleOptions(False, 1.0, 0.1, 60.0)
+    assert s.site_options("a.example").autothrottle is None  # off
+    assert "http_429" in s.autothrottle_ban_reasons and "http_403" not in s.autothrottle_ban_reasons
+    s = ShardSettings.from_settings({
+        "PROXY_SHARD_AUTOTHROTTLE_ENABLED": True, "PROXY_SHARD_AUTOTHROTTLE_MIN_INTERVAL": 0.2,
+        "PROXY_SHARD_AUTOTHROTTLE_BAN_REASONS": ["http_429", "http_403"], "PROXY_SHARD_AUTOTHROTTLE_BAN_TTL": 5,
+        "PROXY_SHARD_SITES": {"slow.example": {"autothrottle_start_interval": 5, "autothrottle_max_interval": 10},
+                              "off.example": {"autothrottle_enabled": False}},
+    })
+    assert s.site_options("slow.example").autothrottle == AutothrottleOptions(True, 5.0, 0.2, 10.0)
+    assert s.site_options("off.example").autothrottle is None
+    assert s.site_options("other.example").autothrottle == AutothrottleOptions(True, 1.0, 0.2, 60.0)
+    assert s.autothrottle_ban_reasons == {"http_429", "http_403"} and s.autothrottle_ban_ttl == 5.0
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"PROXY_SHARD_AUTOTHROTTLE_MIN_INTERVAL": 0}, "PROXY_SHARD_AUTOTHROTTLE_MIN_INTERVAL (0) must be >= 0.001"),
+    ({"PROXY_SHARD_AUTOTHROTTLE_MAX_INTERVAL": "soon"}, "PROXY_SHARD_AUTOTHROTTLE_MAX_INTERVAL ('soon') must be a"),
+    ({"PROXY_SHARD_AUTOTHROTTLE_START_INTERVAL": 100},
+     "PROXY_SHARD_AUTOTHROTTLE_START_INTERVAL (100.0) must be within"),
+    ({"PROXY_SHARD_AUTOTHROTTLE_MIN_INTERVAL": 2, "PROXY_SHARD_AUTOTHROTTLE_MAX_INTERVAL": 1,
+      "PROXY_SHARD_AUTOTHROTTLE_START_INTERVAL": 1}, "PROXY_SHARD_AUTOTHROTTLE_MIN_INTERVAL (2.0) must be <="),
+    ({"PROXY_SHARD_AUTOTHROTTLE_ENABLED": "perhaps"}, "PROXY_SHARD_AUTOTHROTTLE_ENABLED ('perhaps') must be True"),
+    ({"PROXY_SHARD_AUTOTHROTTLE_BAN_REASONS": ["HTTP 429"]}, "PROXY_SHARD_AUTOTHROTTLE_BAN_REASONS (['HTTP 429'])"),
+    ({"PROXY_SHARD_AUTOTHROTTLE_BAN_TTL": -1}, "PROXY_SHARD_AUTOTHROTTLE_BAN_TTL (-1) must be >= 0.001"),
+    ({"PROXY_SHARD_SITES": {"a.example": {"autothrottle_max_interval": 0.05}}},
+     "PROXY_SHARD_SITES['a.example'].autothrottle_min_interval (0.1) must be <= "
+     "PROXY_SHARD_SITES['a.example'].autothrottle_max_interval (0.05)"),
+    ({"PROXY_SHARD_SITES": {"a.example": {"autothrottle_enabled": "maybe"}}},
+     "PROXY_SHARD_SITES['a.example'].autothrottle_enabled ('maybe') must be True or False"),
+    ({"PROXY_SHARD_SITES": {"a.example": {"autothrotle_min_interval": 1}}}, "unknown option(s)"),
+])
+def test_settings_validation_names_the_bad_setting(settings, message):
+    with pytest.raises(SettingError) as err:
+        ShardSettings.from_settings(settings)
+    assert message in str(err.value)
+
+
+# --- real redis-server: the same engine in real time ---------------------------------------------------
+
+@pytest.fixture(params=["fakeredis", "redis"])
+def real_or_fake(request, monkeypatch):
+    """(client, clock): fakeredis with a controlled clock, or this run's newest redis-server in real time."""
+    if request.param == "fakeredis":
+        return request.getfixturevalue("fake_redis"), _control(monkeypatch)
+    return request.getfixturevalue("real_redis"), Clock(controlled=False)
+
+
+def test_converges_on_a_real_redis_server(real_redis):
+    """Real time, small intervals: from 4 x the rule the interval comes down near the rule and is never
+    left above 1.5 x the rule (loose bounds: a loaded machine only widens the gaps the site sees)."""
+    rule = 0.04
+    store = PoolStore(real_redis, namespace="t", host_id="h", bans=BanOptions(ttl=0.3, max_ttl=1.0, jitter=0.0,
+                                                                                strike_window=10.0, dead_ttl=0.3))
+    at = AutothrottleOptions(True, start_interval=0.16, min_interval=0.02, max_interval=1.0)
+    run = simulate(store, Clock(controlled=False), at, proxies=3, rule=rule, latency=0.005, duration=6.0,
+                   jitter=0.0)
+    pace = run["pace"]
+    assert pace.lowered >= 3
+    assert pace.interval <= 1.5 * rule
+    assert run["banned"] <= 0.1 * (run["ok"] + run["banned"])
