@@ -575,6 +575,7 @@ local function breaker_evidence(site, id, reason, now, conf)
   breaker_open_for(site, conf.cool, now)
   redis.call('HINCRBY', K_SSTATS, site .. ':brk_open', 1)
   return {'opened', #seen, distinct, table.concat(parts, ','), conf.window, conf.cool}
+end
 
 -- ==== Adaptive pacing (PROXY_SHARD_AUTOTHROTTLE_*; the control law is argued in docs/pacing.md) ====
 -- P:pace:<site> HASH: one site's learned start-to-start interval, shared by every host and kept across
@@ -594,6 +595,7 @@ local function breaker_evidence(site, id, reason, now, conf)
 --   up, down, back, fail, skip, forget   raises, lowerings, lowerings undone, failed probes, rate bans
 --          that changed nothing, floors lowered (counters)
 --   p:<id> the proxy's last answer on the site: 'c' clean, 'b' a ban of any reason
+local PACE_KEEP_MS = 7 * 86400000  -- a site's learned pace is forgotten a week after its last release
 local PACE_UP = 1.5          -- a raise: interval x 1.5 (capped at the maximum)
 local PACE_DOWN = 0.8       -- a probe tries interval x 0.8, never below the floor nor the minimum
 local PACE_CLEAN_RUN = 5     -- clean answers at the pace before a probe starts

@@ -82,6 +82,7 @@ if ARGV[18] == '1' then
     tonumber(ARGV[20]), tonumber(ARGV[21]), now)
   interval = math.floor(paced * tonumber(ARGV[22]) + 0.5)
   pace_iv = pace_ms(learned)
+  redis.call('PEXPIRE', pace_key(site), PACE_KEEP_MS)  -- a learned pace outlives restarts, not a dead site
 end
 
 if sid ~= '' then
