@@ -119,7 +119,9 @@ def test_concurrent_async_leases_wait_out_a_busy_script(server):
         done: list = []
 
         async def worker() -> None:
-            for _ in range(5):
+            n = 0
+            while n < 5 or busy.is_alive():  # keep leasing through the whole BUSY episode
+                n += 1
                 lease = await store.lease("default", "a.example", ttl=30, concurrency=8)
                 if not isinstance(lease, Lease):
                     await asyncio.sleep(lease.wait / 2)
@@ -132,7 +134,9 @@ def test_concurrent_async_leases_wait_out_a_busy_script(server):
                 await store.release(lease)
                 done.append(lease)
 
-        busy = await asyncio.to_thread(_start_busy_script, server.url)
+        # 1.5 s of BUSY: long enough that the 64 tasks (started after BUSY was seen) meet it on a
+        # loaded machine too.
+        busy = await asyncio.to_thread(_start_busy_script, server.url, 1_500_000)
         await asyncio.gather(*(worker() for _ in range(64)))
         await asyncio.to_thread(busy.join, 10)
         await store.aclose()
