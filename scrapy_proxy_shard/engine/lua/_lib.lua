@@ -162,7 +162,7 @@ end
 -- Each lease on a site takes in at most LEARN_CHUNK slots of proxies it has not seen yet: a new
 -- site is built that way page by page, and a proxy added later reaches every site at its next
 -- lease. Removed proxies leave their members behind; a lease drops them when they come first.
-local LEARN_CHUNK = 64  -- ~0.2 ms a page; a site touched once stays a listpack ZSET (<= 128 entries)
+local LEARN_CHUNK = 32  -- ~0.1 ms a page; a site touched a few times stays a listpack ZSET (<= 128)
 local K_ORDER = P .. ':order'
 local K_SITEIDX = P .. ':siteidx'
 local function site_key(site) return P .. ':site:' .. site end

@@ -37,7 +37,7 @@ if bad then return redis.error_reply(bad) end
 local earlier = recall('lease', ARGV[4], 3)
 if earlier then return earlier end
 
-local SKIPS_PER_CALL = 64
+local SKIPS_PER_CALL = 32
 local RECHECK_MS = 30000
 local site = ARGV[1]
 local concurrency = tonumber(ARGV[2])
