@@ -376,3 +376,23 @@ def test_the_cli_drives_a_redis_cluster(redis_cluster, cluster_redis):
     res = next(p for p in pools if p["pool"] == "res")
     assert res["sites"][0]["leased"] == 1 and res["live_hosts"] == 1
     assert "host-a" in invoke(env, "--cluster", "hosts").stdout
+
+
+# --- migrate ------------------------------------------------------------------------------------------
+
+def test_migrate_brings_a_pool_of_the_previous_layout_onto_the_current_one(env, store, real_redis):
+    from scrapy_proxy_shard.engine import schema
+
+    store.add_proxies("default", ["10.2.0.1:8080", "10.2.0.2:8080"])
+    store.release(store.lease("default", "shop.example", ttl=5))
+    p = store.prefix("default")
+    # what the version before lazy sites wrote: P:sites, no add numbers, no site hashes, no layout
+    real_redis.hset(f"{p}:{schema.LEGACY_SITES}", "shop.example", 1)
+    real_redis.delete(f"{p}:{schema.ORDER}", f"{p}:{schema.SITEIDX}", f"{p}:{schema.SITE}:shop.example")
+    real_redis.hdel(f"{p}:{schema.META}", schema.META_LAYOUT, "seq")
+    result = invoke(env, "migrate")
+    assert result.exit_code == 0 and "pool 'default': migrated" in result.stdout
+    assert real_redis.hget(f"{p}:{schema.META}", schema.META_LAYOUT) == schema.LAYOUT
+    assert real_redis.zcard(f"{p}:{schema.ORDER}") == 2 and not real_redis.exists(f"{p}:{schema.LEGACY_SITES}")
+    assert store.sites("default") == {"shop.example": 1}
+    assert "already on the current layout" in invoke(env, "migrate").stdout

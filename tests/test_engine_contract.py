@@ -477,10 +477,13 @@ def test_release_refuses_a_bad_rest_before_any_write(store, backend, rest):
 
     store.add_proxies(POOL, URLS[:1])
     lease = lease_ok(store)
+    from scrapy_proxy_shard.engine.keyset import script_keys
+
     args = ("a.example", lease.member, lease.token, "ok", 10, 300, "host-a", "", 600000, "ok",
-            1000, 2000, "0", 1000, "0.2", rest)
+            1000, 2000, "0", 1000, "0.2", rest, "", 3600000)
+    names = script_keys("release", store.prefix(POOL), "a.example", token=lease.token)
     with pytest.raises(redis.ResponseError, match="rest after response ms"):
-        register_all(backend)["release"](keys=(store.prefix(POOL),), args=args)
+        register_all(backend)["release"](keys=names, args=args)
     assert isinstance(store.lease(POOL, "a.example", ttl=5), LeaseWait)  # still held: nothing was written
     assert store.release(lease, min_interval=0.0).status == "ok"  # and the token was not memoised
     with pytest.raises(ValueError, match="rest_after_response"):

@@ -23,6 +23,7 @@ from scrapy import Request, Spider
 from scrapy.utils.test import get_crawler
 
 from scrapy_proxy_shard.crawl.runtime import MIN_PAUSE
+from scrapy_proxy_shard.engine.keyset import script_keys
 from scrapy_proxy_shard.engine.proxies import make_proxy
 from scrapy_proxy_shard.engine.scripts import register_all
 from scrapy_proxy_shard.engine.store import Lease, LeaseWait, PoolStore
@@ -189,16 +190,17 @@ def test_a_lease_settled_before_it_runs_is_barred(store):
     """A lease copy still queued when its caller settles it must not take a slot afterwards."""
     store.add_proxies(POOL, URLS[:1])
     prefix = store.prefix(POOL)
-    assert store._drive(_one_script("abandon", prefix, ("a.example", "late-token"))) == ["BARRED"]
+    names = script_keys("abandon", prefix, "a.example", token="late-token")
+    assert store._drive(_one_script("abandon", names, ("a.example", "late-token", ""))) == ["BARRED"]
     late = PoolStore(store.client, namespace="t", token_factory=lambda: "late-token")
     assert isinstance(late.lease(POOL, "a.example", ttl=5), LeaseWait)
     assert leased(store.lease(POOL, "a.example", ttl=5))  # the slot was never taken by the barred copy
 
 
-def _one_script(name, prefix, args):
+def _one_script(name, names, args):
     from scrapy_proxy_shard.engine.store import _Script
 
-    reply = yield _Script(name, (prefix,), args)
+    reply = yield _Script(name, tuple(names), args)
     return reply
 
 

@@ -1,7 +1,12 @@
-"""The Redis schema has one list of names: ``engine/schema.py``. The Lua scripts spell the same names as
-literals, so these tests read ``engine/lua/`` and compare, both ways: a key suffix or counter field
-written in Lua that schema.py does not name (a typo, or a new counter nobody reads) fails, and so
-does a constant that no script uses (a reader that would read nothing)."""
+"""The Redis schema has one list of names: ``engine/schema.py``. The Lua scripts spell the counter fields
+as literals, so these tests read ``engine/lua/`` and compare, both ways: a counter field written in Lua
+that schema.py does not name (a typo, or a new counter nobody reads) fails, and so does a constant that
+no script uses (a reader that would read nothing).
+
+Keys are never spelled in Lua: every key a script touches is declared in its KEYS (``engine/keyset.py``),
+and the tests below read ``lua/`` to check that no script builds a key name and that each script (with
+the ``_lib.lua`` helpers it calls) uses only the keys its caller declares, in the order its header states.
+``tests/test_declared_keys.py`` checks the same against a real redis-server, command by command."""
 
 from __future__ import annotations
 
@@ -12,7 +17,8 @@ from pathlib import Path
 import fakeredis
 import pytest
 
-from scrapy_proxy_shard.engine import schema
+from scrapy_proxy_shard.engine import keyset, schema
+from scrapy_proxy_shard.engine.scripts import OPERATIONS
 from scrapy_proxy_shard.engine.store import PoolStore
 from scrapy_proxy_shard.ops.snapshot import read_pool
 
@@ -21,7 +27,8 @@ LUA = {path.name: path.read_text(encoding="utf-8") for path in sorted((PACKAGE /
 STAT_HASHES = {"K_PSTATS": schema.PSTATS, "K_HSTATS": schema.HSTATS, "K_SSTATS": schema.SSTATS,
                "K_COUNTERS": schema.COUNTERS}
 #: Python modules that read the schema: none may spell a key suffix or counter field itself.
-READERS = ("engine/store.py", "ops/snapshot.py", "ops/views.py", "ops/exporter.py", "crawl/health.py")
+READERS = ("engine/store.py", "engine/keyset.py", "ops/snapshot.py", "ops/views.py", "ops/exporter.py",
+           "crawl/health.py")
 
 
 def _code(source: str) -> str:
@@ -42,8 +49,27 @@ def _calls_on(source: str, variable: str) -> list[tuple[str, str]]:
     return found
 
 
-def _lua_key_suffixes() -> set[str]:
-    return {name for source in LUA.values() for name in re.findall(r"\bP \.\. ':([a-z_]+)", _code(source))}
+def _bound_roles() -> dict[str, str]:
+    """``K_<NAME>`` local -> role, as _lib.lua binds them from KEYS."""
+    return dict(re.findall(r"^local (K_\w+) = K\['(\w+)'\]$", _code(LUA["_lib.lua"]), flags=re.M))
+
+
+def _lib_functions() -> dict[str, str]:
+    """_lib.lua's local functions by name: their bodies (comments stripped)."""
+    code = _code(LUA["_lib.lua"])
+    return dict(re.findall(r"^local function (\w+)\((.*?)^end$", code, flags=re.M | re.S))
+
+
+def _keys_used(code: str, functions: dict[str, str]) -> set[str]:
+    """The K_ locals a piece of code touches, itself and through every _lib function it calls."""
+    used, seen, todo = set(re.findall(r"\bK_[A-Z_]+\b", code)), set(), [code]
+    while todo:
+        for name in re.findall(r"\b(\w+)\(", todo.pop()):
+            if name in functions and name not in seen:
+                seen.add(name)
+                used |= set(re.findall(r"\bK_[A-Z_]+\b", functions[name]))
+                todo.append(functions[name])
+    return used
 
 
 def _lua_counter_fields() -> dict[str, set[str]]:
@@ -69,9 +95,59 @@ def _release_statuses() -> set[str]:
     return {s.lower() for s in re.findall(r"status = '([A-Z]+)'", code)} - {"ok"}
 
 
-def test_every_key_suffix_in_lua_is_a_schema_constant_and_back():
-    assert _lua_key_suffixes() == set(schema.KEY_SUFFIXES) | set(schema.LEGACY_KEY_SUFFIXES)
+def test_every_key_role_is_a_schema_name_and_back():
+    bound = set(_bound_roles().values())
+    declared = {role for roles in keyset.ROLES.values() for role in roles}
+    assert bound == declared | {keyset.MEMO, keyset.LEASE_MEMO}
+    assert declared <= keyset.POOL_ROLES | keyset.SITE_ROLES | {schema.SESSION, keyset.MEMO, keyset.LEASE_MEMO}
+    # every key suffix names a pool key, a site key, the session or the memo (and nothing else does)
+    assert set(schema.KEY_SUFFIXES) == keyset.POOL_ROLES | keyset.SITE_ROLES | {schema.SESSION, schema.DONE}
     assert len(set(schema.KEY_SUFFIXES)) == len(schema.KEY_SUFFIXES)
+    assert set(keyset.ROLES) | set(keyset.VARIABLE) == set(OPERATIONS)
+
+
+def test_each_script_header_states_its_keys_in_order():
+    for name, roles in keyset.ROLES.items():
+        header = re.search(r"^-- KEYS: (.+)$", LUA[f"{name}.lua"], flags=re.M)
+        assert header, f"{name}.lua: no '-- KEYS: role ...' line"
+        assert tuple(header.group(1).split("(")[0].split()) == roles, name
+
+
+def test_no_script_builds_a_key_name():
+    """Every key a script passes to redis.call is a declared one: a K_ local bound from KEYS (or a
+    local alias of one), or KEYS[i] itself in the scripts whose KEYS depend on data; never a string
+    built from the pool prefix (the layout before this rule: ``P .. ':ready:' .. site``)."""
+    bound = _bound_roles()
+    key_args_all = {"DEL", "EXISTS", "MGET", "UNLINK", "TOUCH"}
+    for name, source in LUA.items():
+        code = _code(source)
+        assert not re.search(r"\bP \.\.|KEYS\[1\] \.\.|\.\. ':(?:" + "|".join(schema.KEY_SUFFIXES) + r")\b", code), name
+        if name != "_lib.lua":
+            assert "KEY_ROLES" not in code and "K[" not in code, name
+        aliases = set(re.findall(r"^\s*(?:local )?(\w+) = K_[A-Z_]+$", code, flags=re.M))
+        allowed = re.compile(r"K_[A-Z_]+|KEYS\[[^\]]+\]|" + "|".join(aliases or {"K_"}))
+        for call in re.finditer(r"redis\.call\('(\w+)'((?:, [^,()]+(?:\([^()]*\))?)*)", code):
+            command, args = call.group(1), [a.strip() for a in call.group(2).split(", ")[1:]]
+            if command == "TIME":
+                continue
+            keys_at = args if command in key_args_all else args[:1]
+            for arg in keys_at:
+                if name == "_lib.lua" and arg == "memo":  # recall / remember: checked at their call sites
+                    continue
+                assert allowed.fullmatch(arg), f"{name}: redis.call('{command}', {arg}, ...) is not a declared key"
+        for call in re.findall(r"\b(?:recall|remember)\((\w+)", code):
+            assert call in bound or name == "_lib.lua", f"{name}: memo {call} is not a declared key"
+    assert "KEYS[i]" in _code(LUA["_lib.lua"])  # the one binding loop
+
+
+def test_each_script_touches_only_the_keys_it_declares():
+    bound, functions = _bound_roles(), _lib_functions()
+    for name, roles in keyset.ROLES.items():
+        used = _keys_used(_code(LUA[f"{name}.lua"]), functions)
+        undeclared = {bound[k] for k in used} - set(roles)
+        assert not undeclared, f"{name}.lua touches {undeclared} without declaring them"
+    for name in keyset.VARIABLE:
+        assert not _keys_used(_code(LUA[f"{name}.lua"]), functions), name
 
 
 def test_every_counter_field_in_lua_is_a_schema_constant_and_back():

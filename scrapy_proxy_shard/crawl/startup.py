@@ -85,9 +85,10 @@ async def check_eviction(client: Any, where: str, mode: str) -> None:
     """Refuse (or warn about) a Redis that may evict the pool's keys; warn when it cannot be read.
 
     ``allkeys-*`` may evict the ``proxies`` hash or a site's ready set: leases with no URL, slots
-    lost or handed out twice. ``volatile-*`` evicts only keys with a TTL — lease tokens, sticky
-    sessions, host heartbeats — so a session may change IP and a release may find its lease gone:
-    a warning. ``maxmemory 0`` means no limit: nothing is evicted whatever the policy.
+    lost or handed out twice. ``volatile-*`` evicts only keys with a TTL — a site's state (its ready
+    set and the records of its held slots, which expire when the site is idle) and sticky sessions —
+    so a session may change IP and a held slot may be handed out again: a warning.
+    ``maxmemory 0`` means no limit: nothing is evicted whatever the policy.
     """
     try:
         reply = await client.config_get("maxmemory*")
@@ -105,7 +106,7 @@ async def check_eviction(client: Any, where: str, mode: str) -> None:
                            f"noeviction), or PROXY_SHARD_REDIS_EVICTION = 'warn' to run anyway")
     logger.warning("proxy_shard: %(p)s (%(what)s); noeviction is recommended",
                    {"p": problem, "what": "proxies, ready sets and bans" if policy.startswith("allkeys")
-                    else "leases, sticky sessions and heartbeats"})
+                    else "sites' held slots and ready sets, and sticky sessions"})
 
 
 def _policy_of(reply: Any) -> tuple[str | None, int | None]:

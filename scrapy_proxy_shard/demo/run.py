@@ -29,6 +29,7 @@ import redis
 
 from scrapy_proxy_shard.demo.redis_server import RedisServer, terminate
 from scrapy_proxy_shard.demo.sitelog import Summary, read_log, summarize
+from scrapy_proxy_shard.engine import schema
 from scrapy_proxy_shard.engine.proxies import mask
 from scrapy_proxy_shard.engine.store import PoolStore
 
@@ -378,18 +379,24 @@ def _disturb(config: DemoConfig, server: RedisServer, procs: list, events: Event
 
 
 def _leases_of(server: RedisServer, host: str | None) -> int:
-    """Plain (non-session) leases in Redis held by ``host``: lease values are token|host|issued|session.
+    """Plain (non-session) leases in Redis held by ``host``: held records live in each site's hash
+    (``<prefix>:site:<site>``, field member -> token|host|issued|expires|session), live until expires.
 
     Sticky sessions of a dead host deliberately keep their proxy until the session TTL, so that the
     session can go on from another host; they are not counted here.
     """
     client = redis.Redis.from_url(server.url, decode_responses=True)
     try:
+        sec, usec = client.time()
+        now = sec * 1000 + usec // 1000
         count = 0
-        for key in client.scan_iter(f"{{{NAMESPACE}:*}}:lease:*", count=1000):
-            parts = (client.get(key) or "").split("|")
-            if len(parts) == 4 and (host is None or parts[1] == host) and parts[3] == "":
-                count += 1
+        for key in client.scan_iter(f"{{{NAMESPACE}:*}}:{schema.SITE}:*", count=1000):
+            for member, record in client.hgetall(key).items():
+                parts = record.split("|", 4)
+                if "/" not in member or len(parts) != 5 or not parts[3].isdigit():
+                    continue
+                if int(parts[3]) > now and (host is None or parts[1] == host) and parts[4] == "":
+                    count += 1
         return count
     finally:
         client.close()

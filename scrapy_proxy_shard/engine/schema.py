@@ -1,12 +1,14 @@
 """Every Redis key name and counter field the project uses is named here.
 
 All keys of one pool share the hash tag ``{namespace:pool}`` so every script touches one Redis
-Cluster slot; the Lua scripts derive the per-pool keys from that prefix (see ``lua/_lib.lua`` for
-what each key holds). Keys never contain proxy URLs: proxies are named by their short id.
+Cluster slot. The Lua scripts build no key name: every key a script touches is passed in its KEYS
+(``engine/keyset.py`` builds them from the names below, in the order each script's header states;
+see ``lua/_lib.lua`` for what each key holds). Keys never contain proxy URLs: proxies are named by
+their short id.
 
-The Lua scripts spell the same names as literals (a script is one self-contained source Redis
-caches by SHA); ``tests/test_schema.py`` parses ``lua/`` and fails when a key suffix or counter
-field written there is not one of the constants below, or a constant is written nowhere.
+The Lua scripts spell the counter fields as literals (a script is one self-contained source Redis
+caches by SHA); ``tests/test_schema.py`` parses ``lua/`` and fails when a key role or counter field
+used there is not one of the constants below, or a constant is used nowhere.
 """
 
 from __future__ import annotations
@@ -19,10 +21,10 @@ from scrapy_proxy_shard.exceptions import InvalidSessionId, SettingError
 PROXIES = "proxies"      # HASH proxy id -> URL (may hold credentials)
 TAGS = "tags"            # HASH proxy id -> JSON tags
 ORDER = "order"          # ZSET proxy id -> its add number (sites learn proxies in this order)
-SITE = "site"            # HASH per site: c = slots per proxy, seq = add number learnt up to; expires idle
+SITE = "site"            # HASH per site: c = slots per proxy, seq = add number learnt up to, and one field
+#                          per held slot (member -> "token|host|issued_ms|expires_ms|session"); expires idle
 SITEIDX = "siteidx"      # ZSET site -> ms at which its state expires (the live sites)
 READY = "ready"          # ZSET per site: slot member -> ms from which it may be used
-LEASE = "lease"          # STRING per (site, slot): exists exactly while the slot is held
 SESSION = "session"      # HASH per (site, session id): the sticky session's proxy and use counts
 BANS = "bans"            # HASH "<site>|<id>" -> "until_ms|strikes|reason|since"
 BANIDX = "banidx"        # ZSET ban entry -> ms after which it is forgotten
@@ -33,18 +35,24 @@ COUNTERS = "counters"    # HASH pool-wide counters
 WAITING = "waiting"      # STRING per site: someone got a WAIT lately
 FREED = "freed"          # LIST per site: one entry per slot given back (waiters BLPOP it)
 HOSTS = "hosts"          # ZSET host -> ms until which it counts as alive
-HOST = "host"            # HASH per host: heartbeat times and info
-LOAD = "load"            # HASH per host: minute -> leases taken
+HOSTINFO = "hostinfo"    # HASH host -> JSON {beat, since, seen, info}: the host's last heartbeat
+LOAD = "load"            # HASH host -> JSON {minute start ms: leases taken in that minute}
 DONE = "done"            # STRING per (op, token): the memoised reply of a write script
 META = "meta"            # HASH created=ms (the pool was loaded once), seq, layout; mstep/mcursor while migrating
 BREAKER = "breaker"      # HASH per site: the site's circuit breaker (no key: closed)
 BREAKER_SEEN = "brkseen"  # ZSET per site: quarantines started since the site's last ok (breaker evidence)
 PACE = "pace"            # HASH per site: the learned interval of adaptive pacing (fields PACE_FIELDS)
-KEY_SUFFIXES = (PROXIES, TAGS, ORDER, SITE, SITEIDX, READY, LEASE, SESSION, BANS, BANIDX, PSTATS, HSTATS, SSTATS,
-                COUNTERS, WAITING, FREED, HOSTS, HOST, LOAD, DONE, META, BREAKER, BREAKER_SEEN,
+KEY_SUFFIXES = (PROXIES, TAGS, ORDER, SITE, SITEIDX, READY, SESSION, BANS, BANIDX, PSTATS, HSTATS, SSTATS,
+                COUNTERS, WAITING, FREED, HOSTS, HOSTINFO, LOAD, DONE, META, BREAKER, BREAKER_SEEN,
                 PACE)
-#: Keys of the layout before sites learnt proxies lazily (read only by the in-place migration).
-LEGACY_KEY_SUFFIXES = ("sites", "sitebuild")
+#: Keys of the layout before sites learnt proxies lazily (read only by the in-place migration,
+#: ``PoolStore.migrate``: P:sites is the hash site -> slots per proxy, P:sitebuild is deleted).
+LEGACY_SITES = "sites"
+LEGACY_SITEBUILD = "sitebuild"
+LEGACY_KEY_SUFFIXES = (LEGACY_SITES, LEGACY_SITEBUILD)
+#: P:meta fields: the layout version (``LAYOUT``), and the last add number.
+META_LAYOUT = "layout"
+LAYOUT = "2"
 #: The hashes ``PoolStore.counters`` reads.
 COUNTER_HASHES = (COUNTERS, PSTATS, HSTATS, SSTATS)
 
@@ -140,12 +148,22 @@ def session_key(prefix: str, site: str, session_id: str) -> str:
     return f"{prefix}:{SESSION}:{site}:{session_id}"
 
 
+def site_part(prefix: str, name: str, site: str) -> str:
+    """A per-site structure: ``name`` is SITE, READY, WAITING, FREED, BREAKER or BREAKER_SEEN."""
+    return f"{prefix}:{name}:{site}"
+
+
+def memo_key(prefix: str, op: str, token: str) -> str:
+    """The memoised reply of write script ``op`` for one call's token (``DONE``)."""
+    return f"{prefix}:{DONE}:{op}:{token}"
+
+
 def freed_key(prefix: str, site: str) -> str:
-    return f"{prefix}:{FREED}:{site}"
+    return site_part(prefix, FREED, site)
 
 
 def breaker_key(prefix: str, site: str) -> str:
-    return f"{prefix}:{BREAKER}:{site}"
+    return site_part(prefix, BREAKER, site)
 
 
 def pace_key(prefix: str, site: str) -> str:

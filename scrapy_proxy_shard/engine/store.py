@@ -34,6 +34,7 @@ from typing import Any, Protocol, runtime_checkable
 import redis
 import redis.asyncio
 
+from scrapy_proxy_shard.engine import keyset
 from scrapy_proxy_shard.engine import schema as keys
 from scrapy_proxy_shard.engine.bans import BanOptions
 from scrapy_proxy_shard.engine.breaker import BreakerEvent, BreakerOptions, BreakerState
@@ -56,6 +57,10 @@ BUSY_BASE = 0.01
 BUSY_CAP = 0.25
 #: Default longest time one call waits BUSY / LOADING out before raising ``PoolBusy``.
 BUSY_WAIT = 5.0
+#: Entries per page of the in-place migration of a pool written by an older version (``migrate``).
+MIGRATE_PAGE = 500
+#: Where the pool's P:proxies key sits in lease.lua's KEYS (a lease call in doubt names its pool by it).
+_LEASE_PROXIES_AT = keyset.ROLES["lease"].index(keys.PROXIES)
 
 
 # --- results --------------------------------------------------------------------------------------
@@ -188,7 +193,7 @@ class SiteStatus:
 
     @property
     def held(self) -> int:
-        """Slots a request or a sticky session holds now (a lease key exists), by every host."""
+        """Slots a request or a sticky session holds now (a live held record), by every host."""
         return sum(self.held_by_host.values())
 
 
@@ -268,9 +273,10 @@ class _StoreBase:
         self._token = token_factory
         self._scripts = register_all(client)
         self._where = mask(url_for_errors) if url_for_errors else _describe(client)
-        #: Lease calls whose reply was lost (timeout, broken connection): token -> (pool prefix, site).
-        #: The script may have run, or may still run; ``abandon.lua`` settles each at the next call.
-        self._in_doubt: dict[str, tuple[str, str]] = {}
+        #: Lease calls whose reply was lost (timeout, broken connection): token -> (pool prefix, site,
+        #: session id). The script may have run, or may still run; ``abandon.lua`` settles each at the
+        #: next call.
+        self._in_doubt: dict[str, tuple[str, str, str]] = {}
         self._settling: set[str] = set()
         self._on_settled = on_settled
         self.busy_wait = max(0.0, float(busy_wait))
@@ -296,10 +302,17 @@ class _StoreBase:
 
     def _lease(self, pool, site, ttl, concurrency, session_id, session_ttl) -> Plan:
         token = self._token()
-        reply = yield _Script("lease", (self.prefix(pool),), (
+        prefix = self.prefix(pool)
+        request = _Script("lease", keyset.script_keys("lease", prefix, site, session=session_id or "", token=token), (
             site, int(concurrency), _ms(ttl, "ttl"), token, self.host_id, session_id or "",
             _ms(max(session_ttl, ttl), "session_ttl"), self.site_idle_ms,
         ))
+        reply = yield request
+        if reply[0] == "MIGRATE":
+            yield from self._migrate(pool)
+            reply = yield request
+            if reply[0] == "MIGRATE":  # another host reset it meanwhile (an older version): ask again soon
+                return LeaseWait(0.001, "pool")
         status = reply[0]
         if status == "OK":
             return Lease(
@@ -368,13 +381,14 @@ class _StoreBase:
               for name in ("start_interval", "min_interval", "max_interval")),
             repr(factor), "1" if adaptive and rate_ban and outcome == "ban" else "0",
         )
-        reply = yield _Script("release", (self.prefix(lease.pool),), (
+        reply = yield _Script("release", keyset.script_keys(
+            "release", self.prefix(lease.pool), lease.site, session=lease.session_id or "", token=lease.token), (
             lease.site, lease.member, lease.token, outcome,
             -1 if latency is None else max(0, round(latency * 1000)),
             interval, self.host_id, lease.session_id or "",
             _ms(max(session_ttl, 0.001)), _reason(reason or outcome), *ban_args,
             repr(float(self.ewma_alpha)), _ms(rest_after_response, "rest_after_response"),
-            self._breaker_arg(lease.site), *pace_args,
+            self._breaker_arg(lease.site), self.site_idle_ms, *pace_args,
         ))
         until = int(reply[2])
         learned = reply[10] if len(reply) > 10 else ""
@@ -415,15 +429,21 @@ class _StoreBase:
 
     def _hold(self, pool, site, member, ttl, concurrency) -> Plan:
         token = self._token()
-        reply = yield _Script("hold", (self.prefix(pool),), (
+        request = _Script("hold", keyset.script_keys("hold", self.prefix(pool), site, token=token), (
             site, member, int(concurrency), _ms(ttl), token, self.host_id, self.site_idle_ms,
         ))
+        reply = yield request
+        if reply[0] == "MIGRATE":
+            yield from self._migrate(pool)
+            reply = yield request
         if reply[0] == "OK":
             return Lease(pool=pool, site=site, proxy_id=member.rpartition("/")[0], proxy_url=reply[3],
                          member=member, token=token, expires_at=int(reply[1]) / 1000,
                          issued_at=int(reply[2]) / 1000)
         if reply[0] == "BUSY":
             return LeaseWait(int(reply[1]) / 1000, "held")
+        if reply[0] == "MIGRATE":
+            return LeaseWait(0.001, "held")
         return None
 
     def end_session(self, pool: str, site: str, session_id: str, *, min_interval: float = 0.0):
@@ -433,7 +453,8 @@ class _StoreBase:
         return self._drive(self._end_session(pool, site, session_id, min_interval))
 
     def _end_session(self, pool, site, session_id, min_interval) -> Plan:
-        reply = yield _Script("end_session", (self.prefix(pool),), (site, session_id, _ms(min_interval)))
+        names = keyset.script_keys("end_session", self.prefix(pool), site, session=session_id)
+        reply = yield _Script("end_session", names, (site, session_id, _ms(min_interval)))
         return bool(int(reply[1]))
 
     # --- quarantine ----------------------------------------------------------------------------
@@ -444,8 +465,9 @@ class _StoreBase:
 
     def _ban(self, pool, proxy, site, reason, ttl) -> Plan:
         pid = _as_id(proxy)
-        reply = yield _Script("ban", (self.prefix(pool),), (
-            site or "*", pid, _reason(reason), *self._ban_args(site is None, ttl),
+        scope = site or "*"
+        reply = yield _Script("ban", keyset.script_keys("ban", self.prefix(pool), scope), (
+            scope, pid, _reason(reason), *self._ban_args(site is None, ttl),
         ))
         if reply[0] == "UNKNOWN":
             raise UnknownPoolError(f"pool {pool!r} has no proxy {mask(str(proxy))!r}")
@@ -456,7 +478,8 @@ class _StoreBase:
         return self._drive(self._unban(pool, proxy, site))
 
     def _unban(self, pool, proxy, site) -> Plan:
-        reply = yield _Script("unban", (self.prefix(pool),), (site or "*", _as_id(proxy)))
+        scope = site or "*"
+        reply = yield _Script("unban", keyset.script_keys("unban", self.prefix(pool), scope), (scope, _as_id(proxy)))
         return bool(int(reply[1]))
 
     def _ban_args(self, proxy_wide: bool, ttl: float | None) -> tuple:
@@ -476,7 +499,7 @@ class _StoreBase:
         items = list(_unique(proxies).values())
         for start in range(0, len(items), 500):
             args = [a for p in items[start:start + 500] for a in _add_args(p)]
-            reply = yield _Script("add", (self.prefix(pool),), ("add", 0, *args))
+            reply = yield _Script("add", keyset.script_keys("add", self.prefix(pool)), ("add", 0, *args))
             added += int(reply[1])
             updated += int(reply[2])
         yield _Command(("SADD", keys.pools_registry(self.namespace), pool))
@@ -488,7 +511,7 @@ class _StoreBase:
 
         Does nothing (returns 0) unless the pool is empty *and* was never loaded as far as Redis knows:
         a pool an operator drained with ``remove`` stays drained. Restored proxies rest ``warmup``
-        seconds first (their lease keys were lost too: requests in flight through them may still run).
+        seconds first (their held records were lost too: requests in flight through them may still run).
         At most 500 proxies are restored per call; the first call decides, the rest are plain adds.
         """
         return self._drive(self._restore(pool, proxies, warmup))
@@ -498,7 +521,8 @@ class _StoreBase:
         if not items:
             return 0
         args = [a for p in items[:500] for a in _add_args(p)]
-        reply = yield _Script("add", (self.prefix(pool),), ("restore", _ms(warmup, "warmup"), *args))
+        names = keyset.script_keys("add", self.prefix(pool))
+        reply = yield _Script("add", names, ("restore", _ms(warmup, "warmup"), *args))
         if reply[0] != "OK":
             return 0
         restored = int(reply[1])
@@ -515,7 +539,7 @@ class _StoreBase:
         ids = [_as_id(p) for p in proxies]
         if not ids:
             return 0
-        reply = yield _Script("remove", (self.prefix(pool),), tuple(ids))
+        reply = yield _Script("remove", keyset.script_keys("remove", self.prefix(pool)), tuple(ids))
         return int(reply[1])
 
     def list_proxies(self, pool: str):
@@ -602,14 +626,20 @@ class _StoreBase:
         return self._drive(self._heartbeat(pool, ttl, info, always, bucket, keep))
 
     def _heartbeat(self, pool, ttl, info, always, bucket, keep) -> Plan:
-        reply = yield _Script("host_beat", (self.prefix(pool),), (
+        prefix = self.prefix(pool)
+        reply = yield _Script("host_beat", keyset.script_keys("host_beat", prefix), (
             self.host_id, max(1, _ms(ttl)), json.dumps(info or {}, sort_keys=True), "1" if always else "0",
             max(1, _ms(bucket)), max(1, _ms(keep)),
         ))
         if reply[0] != "OK":
             return None
         now, proxies, live, leases, ok, err, bans, n = (int(x) for x in reply[1:9])
-        sites = {reply[9 + 3 * i]: (int(reply[10 + 3 * i]), int(reply[11 + 3 * i])) for i in range(n)}
+        names = list(reply[9:9 + n])
+        sites = {}
+        if names:  # their slots and free slots: a second call, with the sites' keys declared
+            counts = yield _Script("sites", keyset.sites_keys(prefix, names), ("1",))
+            sites = {site: (int(counts[3 * i + 1]), int(counts[3 * i + 2]))
+                     for i, site in enumerate(names) if counts[3 * i] != ""}
         return Beat(now / 1000, proxies, live, leases, ok, err, bans, sites)
 
     def leave(self, pool: str):
@@ -617,7 +647,7 @@ class _StoreBase:
         return self._drive(self._leave(pool))
 
     def _leave(self, pool) -> Plan:
-        reply = yield _Script("host_leave", (self.prefix(pool),), (self.host_id,))
+        reply = yield _Script("host_leave", keyset.script_keys("host_leave", self.prefix(pool)), (self.host_id,))
         return bool(int(reply[1]))
 
     def hosts(self, pool: str):
@@ -625,17 +655,16 @@ class _StoreBase:
         return self._drive(self._hosts(pool))
 
     def _hosts(self, pool) -> Plan:
-        reply = yield _Script("hosts", (self.prefix(pool),), ())
-        records, i = [], 3
-        for _ in range(int(reply[2])):
-            host, until, beat, since, info = reply[i], int(reply[i + 1]), int(reply[i + 2]), int(reply[i + 3]), \
-                reply[i + 4]
-            leases, ok, err, bans, nb = (int(x) for x in reply[i + 5:i + 10])
-            i += 10
-            load = {int(reply[i + 2 * j]) / 1000: int(reply[i + 2 * j + 1]) for j in range(nb)}
-            i += 2 * nb
-            records.append(HostRecord(host, until / 1000, beat / 1000, since / 1000, _json_object(info),
-                                      leases, ok, err, bans, dict(sorted(load.items()))))
+        reply = yield _Script("hosts", keyset.script_keys("hosts", self.prefix(pool)), ())
+        records = []
+        for i in range(3, 3 + 8 * int(reply[2]), 8):
+            host, until, raw, leases, ok, err, bans, raw_load = reply[i:i + 8]
+            record = _json_object(raw)
+            load = {int(minute) / 1000: int(n) for minute, n in _json_object(raw_load).items()
+                    if str(minute).isdigit() and isinstance(n, (int, float))}
+            records.append(HostRecord(host, int(until) / 1000, _int(record.get("beat")) / 1000,
+                                      _int(record.get("since")) / 1000, _json_object(str(record.get("info", "{}"))),
+                                      int(leases), int(ok), int(err), int(bans), dict(sorted(load.items()))))
         return sorted(records, key=lambda r: r.host)
 
     def live_hosts(self, pool: str | None = None):
@@ -654,15 +683,18 @@ class _StoreBase:
         proxy (concurrency); read a page at a time, so thousands of sites never block Redis."""
         return self._drive(self._sites(pool))
 
-    def _sites(self, pool) -> Plan:
+    def _sites(self, pool, page: int = 500) -> Plan:
+        prefix = self.prefix(pool)
         found: dict[str, int] = {}
         offset = 0
         while True:
-            reply = yield _Script("sites", (self.prefix(pool),), (offset, 500))
-            found.update((reply[i], int(reply[i + 1])) for i in range(1, len(reply), 2))
-            offset = int(reply[0])
-            if not offset:
+            names = yield _Command(("ZRANGE", keys.sub_key(prefix, keys.SITEIDX), offset, offset + page - 1))
+            if names:  # a site whose state expired but whose index entry is not pruned yet is left out
+                reply = yield _Script("sites", keyset.sites_keys(prefix, names), ("0",))
+                found.update((site, int(reply[3 * i])) for i, site in enumerate(names) if reply[3 * i] != "")
+            if len(names or ()) < page:
                 return dict(sorted(found.items()))
+            offset += page
 
     def paces(self, pool: str):
         """Each site's learned pacing (adaptive pacing), for the sites that have one: {site: PaceState}."""
@@ -700,7 +732,7 @@ class _StoreBase:
         held: dict[str, int] = {}
         busy: list[BusySlot] = []
         while True:
-            reply = yield _Script("pool_status", (self.prefix(pool),),
+            reply = yield _Script("pool_status", keyset.script_keys("pool_status", self.prefix(pool), site),
                                   (site, "1" if detail else "0", now, offset, chunk))
             if reply[0] != "OK":
                 return None
@@ -714,17 +746,64 @@ class _StoreBase:
                 host = reply[i + 2 * j]
                 held[host] = held.get(host, 0) + int(reply[i + 2 * j + 1])
             i += 2 * nh
-            for _ in range(int(reply[i])):
-                member, state, until, host, sid, uses, sttl = reply[i + 1:i + 8]
+            rows = [reply[i + 1 + 5 * j:i + 6 + 5 * j] for j in range(int(reply[i]))]
+            sids = sorted({row[4] for row in rows if row[4]})
+            sessions: dict[str, tuple[int, int]] = {}
+            if sids:  # uses and TTL of the chunk's sessions: their keys declared in a second call
+                got = yield _Script("sessions", keyset.session_keys(self.prefix(pool), site, sids), ())
+                sessions = {sid: (int(got[2 * j]), int(got[2 * j + 1])) for j, sid in enumerate(sids)}
+            for member, state, until, host, sid in rows:
                 pid, _, k = member.rpartition("/")
-                busy.append(BusySlot(pid, int(k), state, int(until) / 1000, host or None, sid or None, int(uses),
-                                     int(sttl) / 1000))
-                i += 7
+                uses, sttl = sessions.get(sid, (0, 0))
+                busy.append(BusySlot(pid, int(k), state, int(until) / 1000, host or None, sid or None, uses,
+                                     sttl / 1000))
             offset += scanned
             if scanned < chunk:
                 break
         slots, free = total
         return SiteStatus(site, now / 1000, slots, free, *states, next_in / 1000, held, tuple(busy))
+
+    def migrate(self, pool: str):
+        """Bring a pool written by an older version (sites listed in P:sites, no add numbers) onto the
+        current layout, a page at a time (every script call declares its keys). Runs by itself at the
+        first lease or hold that meets such a pool (``scrapy-proxy-shard migrate`` runs it ahead);
+        idempotent, and harmless when two hosts run it at once. Returns False when there was nothing
+        to migrate."""
+        return self._drive(self._migrate(pool))
+
+    def _migrate(self, pool) -> Plan:
+        prefix = self.prefix(pool)
+        meta = keys.sub_key(prefix, keys.META)
+        layout = yield _Command(("HGET", meta, keys.META_LAYOUT))
+        exists = yield _Command(("EXISTS", meta))
+        if layout == keys.LAYOUT or not int(exists or 0):  # current, or nothing here (a new or lost pool)
+            return False
+        logger.warning("proxy_shard: pool %(pool)r was written by an older version: migrating it in place",
+                       {"pool": pool})
+        cursor = "0"
+        while True:  # 1. every proxy gets its add number (sites learn the pool in that order)
+            cursor, page = yield _Command(("HSCAN", keys.sub_key(prefix, keys.PROXIES), cursor,
+                                           "COUNT", MIGRATE_PAGE))
+            ids = list(page)[::2] if isinstance(page, list) else list(page or ())
+            if ids:
+                yield _Script("migrate", keyset.migrate_proxies_keys(prefix), ("proxies", *ids))
+            if str(cursor) == "0":
+                break
+        sites = 0
+        while True:  # 2. every old site gets its P:site hash, an expiry and a P:siteidx entry
+            cursor, page = yield _Command(("HSCAN", keys.sub_key(prefix, keys.LEGACY_SITES), cursor,
+                                           "COUNT", MIGRATE_PAGE))
+            pairs = _pairs(page)
+            if pairs:
+                names = [site for site, _ in pairs]
+                reply = yield _Script("migrate", keyset.migrate_sites_keys(prefix, names),
+                                      ("sites", self.site_idle_ms, *(x for pair in pairs for x in pair)))
+                sites += int(reply[1])
+            if str(cursor) == "0":
+                break
+        yield _Script("migrate", keyset.migrate_done_keys(prefix), ("done",))
+        logger.info("proxy_shard: pool %(pool)r migrated (%(n)d sites)", {"pool": pool, "n": sites})
+        return True
 
     def proxy_urls(self, pool: str, ids: Iterable[str]):
         """The URL (with credentials) of each proxy id, None for ids not in the pool. Never print it."""
@@ -749,16 +828,18 @@ class _StoreBase:
         """Remember a lease call whose outcome is unknown: it may hold a slot for nobody."""
         lost = isinstance(exc, (redis.ConnectionError, redis.TimeoutError))
         if lost and isinstance(request, _Script) and request.name == "lease" and len(self._in_doubt) < MAX_IN_DOUBT:
-            self._in_doubt[request.args[3]] = (request.keys[0], request.args[0])
+            prefix = request.keys[_LEASE_PROXIES_AT].rpartition(":")[0]  # "<prefix>:proxies"
+            self._in_doubt[request.args[3]] = (prefix, request.args[0], request.args[5])
 
     def _settle_plan(self) -> Plan:
         """Give back (or bar) every lease call in doubt; each one settled is forgotten."""
-        for token, (prefix, site) in list(self._in_doubt.items()):
+        for token, (prefix, site, sid) in list(self._in_doubt.items()):
             if token in self._settling:  # another call (asyncio) is settling it right now
                 continue
             self._settling.add(token)
             try:
-                reply = yield _Script("abandon", (prefix,), (site, token))
+                reply = yield _Script("abandon", keyset.script_keys("abandon", prefix, site, session=sid, token=token),
+                                      (site, token, sid))
             finally:  # also when the call failed: the token stays in doubt for a later call
                 self._settling.discard(token)
             if self._in_doubt.pop(token, None) is not None and self._on_settled is not None:
@@ -1049,6 +1130,21 @@ def _decode(value: Any) -> Any:
     if isinstance(value, set):
         return {_decode(v) for v in value}
     return value
+
+
+def _int(value: Any) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _pairs(page: Any) -> list[tuple[str, str]]:
+    """An HSCAN page (a flat list, or a dict once decoded by the client) as (field, value) pairs."""
+    if isinstance(page, dict):
+        return list(page.items())
+    page = list(page or ())
+    return list(zip(page[::2], page[1::2], strict=True))
 
 
 def _json_object(text: str) -> dict[str, Any]:

@@ -416,6 +416,19 @@ def pools(obj: Ctx, as_json: bool) -> None:
 
 
 @cli.command()
+@click.pass_obj
+def migrate(obj: Ctx) -> None:
+    """Bring the pools (or --pool) written by an older version onto the current Redis layout now.
+
+    The first lease on such a pool does it by itself (a page at a time, never blocking Redis); this
+    runs it ahead of a crawl. Idempotent: a pool already current is left alone.
+    """
+    for pool in obj.view_pools():
+        done = obj.store.migrate(pool)
+        click.echo(f"pool {pool!r}: {'migrated' if done else 'already on the current layout'}")
+
+
+@cli.command()
 @click.option("--port", type=click.IntRange(0, 65535), default=9808, show_default=True)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0: all).")
 @click.option("--top-sites", type=int, default=DEFAULTS["PROXY_SHARD_METRICS_TOP_SITES"], show_default=True,

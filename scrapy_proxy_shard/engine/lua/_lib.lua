@@ -1,19 +1,23 @@
 -- _lib.lua: helpers prepended to every operation script (scripts.py joins them before loading).
 --
--- Key layout, all under one hash tag so a pool lives in one Redis Cluster slot. KEYS[1] is the pool
--- prefix "{namespace:pool}"; it is declared so the call is routed to the pool's slot, and every key
--- below is built from it (same hash tag, hence same slot):
+-- Key layout, all under one hash tag {namespace:pool} (written P below) so a pool lives in one Redis
+-- Cluster slot. No script builds a key name: the caller declares every key a script touches in
+-- KEYS (engine/keyset.py builds them; the order of each script is in its header, "KEYS: role ...",
+-- and scripts.py prepends it as KEY_ROLES, bound below to the K_<ROLE> locals). Per-site keys are
+-- those of the call's site; a slot is named by member "<id>/<k>" (slot k of a proxy).
 --   P:proxies            HASH   proxy id -> canonical proxy URL (may hold credentials)
 --   P:tags               HASH   proxy id -> JSON tags (type, provider, country; read by Python only)
 --   P:order              ZSET   proxy id -> its add number (P:meta seq counts them): sites learn the
 --                               pool's proxies in this order, a page per lease (see learn() below)
 --   P:site:<site>        HASH   c = slots per proxy on the site (= concurrency), seq = add number the
---                               site has learnt up to; expires with the site (see touch_site)
+--                               site has learnt up to, and one field per held slot: member ->
+--                               "token|host|issued_ms|expires_ms|session" (a lease or a sticky
+--                               session's binding); the record is live while expires_ms > now (the
+--                               ready score says the same); release deletes it, an expired one is
+--                               overwritten at the slot's next lease. Expires with the site (touch_site)
 --   P:siteidx            ZSET   site -> ms at which its state expires: the live sites (status, beats)
---   P:ready:<site>       ZSET   member "<id>/<k>" (slot k of a proxy) -> ms from which it may be used;
---                               expires PROXY_SHARD_SITE_IDLE_TTL after the site's last hold ends
---   P:lease:<site>:<m>   STRING "token|host|issued_ms|session" with PX = lease or session TTL; exists
---                               exactly while slot m is held
+--   P:ready:<site>       ZSET   member -> ms from which it may be used; expires, with P:site:<site>,
+--                               PROXY_SHARD_SITE_IDLE_TTL after the site's last hold ends
 --   P:session:<site>:<sid> HASH p=id m=member t=use token busy=ms next=ms n=uses rb=rebinds; PX TTL
 --   P:bans               HASH   "<site>|<id>" (site "*" = proxy-wide) -> "until_ms|strikes|reason|since"
 --   P:banidx             ZSET   "<site>|<id>" -> ms after which the entry (and its strikes) is forgotten
@@ -33,28 +37,51 @@
 --                               gone after 60 s idle, so stale wake-ups stay few)
 --   P:hosts              ZSET   host id -> ms until which the host counts as alive (its last heartbeat
 --                               plus its PROXY_SHARD_HOST_TTL); written by heartbeats only (host_beat.lua)
---   P:host:<host>        HASH   beat=ms since=ms seen=leases counted at the last beat info=JSON; PX TTL
---   P:load:<host>        HASH   minute start ms -> leases the host took in that minute (one hour kept)
+--   P:hostinfo           HASH   host id -> JSON {beat, since, seen = leases counted at the last beat,
+--                               info}; forgotten with the host (a dead host: by the next beat of another)
+--   P:load               HASH   host id -> JSON {minute start ms: leases the host took} (one hour kept)
 --   P:done:<op>:<token>  STRING the JSON reply of a write script already run for this token (PX 60 s): a
 --                               resent call (redis-py retry_on_timeout) answers it again, writes nothing
 --   P:meta               HASH   created=ms: the pool was loaded once; remove.lua never deletes it, so
 --                               an empty pool without it was lost by Redis (FLUSHALL, failover, eviction);
---                               seq = last add number; layout=2 (mstep/mcursor while a pool written by
---                               an older version migrates: see migrated())
+--                               seq = last add number; layout=2 (a pool written by an older version,
+--                               P:sites without P:order, is migrated by PoolStore.migrate: lease.lua and
+--                               hold.lua answer MIGRATE until then)
 --   P:pace:<site>        HASH   adaptive pacing: the site's learned interval (see "Adaptive pacing" below)
 -- Times are milliseconds of the Redis server clock (TIME), so host clock skew cannot cause overlaps.
 
-local P = KEYS[1]
-local K_PROXIES = P .. ':proxies'
-local K_TAGS = P .. ':tags'
-local K_BANS = P .. ':bans'
-local K_BANIDX = P .. ':banidx'
-local K_PSTATS = P .. ':pstats'
-local K_HSTATS = P .. ':hstats'
-local K_SSTATS = P .. ':sstats'
-local K_COUNTERS = P .. ':counters'
-
-local K_META = P .. ':meta'
+local K = {}
+if KEY_ROLES then
+  if #KEYS ~= #KEY_ROLES then
+    return redis.error_reply('ERR scrapy-proxy-shard: this script takes ' .. #KEY_ROLES .. ' keys ('
+      .. table.concat(KEY_ROLES, ' ') .. '), got ' .. #KEYS)
+  end
+  for i, role in ipairs(KEY_ROLES) do K[role] = KEYS[i] end
+end
+local K_MEMO = K['memo']
+local K_PROXIES = K['proxies']
+local K_TAGS = K['tags']
+local K_ORDER = K['order']
+local K_SITEIDX = K['siteidx']
+local K_BANS = K['bans']
+local K_BANIDX = K['banidx']
+local K_PSTATS = K['pstats']
+local K_HSTATS = K['hstats']
+local K_SSTATS = K['sstats']
+local K_COUNTERS = K['counters']
+local K_META = K['meta']
+local K_HOSTS = K['hosts']
+local K_HOSTINFO = K['hostinfo']
+local K_LOAD = K['load']
+local K_SITE = K['site']
+local K_READY = K['ready']
+local K_WAITING = K['waiting']
+local K_FREED = K['freed']
+local K_BREAKER = K['breaker']
+local K_BRKSEEN = K['brkseen']
+local K_PACE = K['pace']
+local K_SESSION = K['session']
+local K_LEASE_MEMO = K['lease_memo']
 
 -- Upper bounds of every time and count argument, checked before the first write of any script: a
 -- script that fails half way (SET PX with an overflowing expiry) would leave partial state behind.
@@ -91,25 +118,19 @@ end
 -- Idempotency of write scripts: the first reply for (op, token) is kept 60 s, longer than any
 -- client retry (socket_timeout x retries), so a resent EVALSHA gets the same answer and writes nothing.
 local MEMO_MS = 60000
-local function memo_key(op, token) return P .. ':done:' .. op .. ':' .. token end
+-- The memo key is declared by the caller (K_MEMO: this call's, "P:done:<op>:<token>").
 -- A reply holding a proxy URL is kept without it (URLs with credentials live in P:proxies only):
--- `url_at` is the URL's index and `url_at - 1` the proxy id's; recall looks the URL up again, and
--- answers a short WAIT if the proxy was removed meanwhile (never an OK without a URL).
-local function recall(op, token, url_at)
-  local v = redis.call('GET', memo_key(op, token))
+-- `url_at` is the URL's index; the script that recalls it looks the URL up again (lease.lua, hold.lua).
+local function recall(memo)
+  local v = redis.call('GET', memo)
   if not v then return nil end
-  local reply = cjson.decode(v)
-  if url_at then
-    reply[url_at] = redis.call('HGET', K_PROXIES, reply[url_at - 1])
-    if not reply[url_at] then return {'WAIT', 1, 'pool'} end
-  end
-  return reply
+  return cjson.decode(v)
 end
-local function remember(op, token, reply, url_at)
+local function remember(memo, reply, url_at)
   local kept = {}
   for i, x in ipairs(reply) do kept[i] = x end
   if url_at then kept[url_at] = '' end
-  redis.call('SET', memo_key(op, token), cjson.encode(kept), 'PX', MEMO_MS)
+  redis.call('SET', memo, cjson.encode(kept), 'PX', MEMO_MS)
   return reply
 end
 
@@ -118,27 +139,40 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
-local function ready_key(site) return P .. ':ready:' .. site end
-local function lease_key(site, member) return P .. ':lease:' .. site .. ':' .. member end
-local function freed_key(site) return P .. ':freed:' .. site end
-
-local function waiting_key(site) return P .. ':waiting:' .. site end
-
 -- Wake one waiter (on any host) blocked on the site's freed list; a no-op (no writes) unless a
 -- lease on the site answered WAIT in the last few seconds.
-local function announce_freed(site)
-  if redis.call('EXISTS', waiting_key(site)) == 0 then return end
-  local key = freed_key(site)
-  redis.call('LPUSH', key, '1')
-  redis.call('LTRIM', key, 0, 7)
-  redis.call('PEXPIRE', key, 60000)
+local function announce_freed()
+  if redis.call('EXISTS', K_WAITING) == 0 then return end
+  redis.call('LPUSH', K_FREED, '1')
+  redis.call('LTRIM', K_FREED, 0, 7)
+  redis.call('PEXPIRE', K_FREED, 60000)
 end
 
-local function session_key(site, sid) return P .. ':session:' .. site .. ':' .. sid end
 local function id_of(member) return string.match(member, '^(.*)/%d+$') end
 
 -- Integer as a decimal string (tostring would switch to exponent notation for big numbers).
 local function istr(n) return string.format('%d', n) end
+
+-- Held slots: a record "token|host|issued_ms|expires_ms|session" in the site's hash (K_SITE) under
+-- the slot's member. The session id comes last: it may hold any printable character.
+local function held_record(token, host, issued, expires, sid)
+  return token .. '|' .. host .. '|' .. istr(issued) .. '|' .. istr(expires) .. '|' .. sid
+end
+-- The record's expiry (ms), or 0 for none.
+local function held_until(value)
+  if not value then return 0 end
+  return tonumber(string.match(value, '^[^|]*|[^|]*|[^|]*|(%d+)|')) or 0
+end
+-- The record if it is live now (else nil).
+local function live_record(value, now)
+  if value and held_until(value) > now then return value end
+  return nil
+end
+-- The host and session id of a record.
+local function held_by(value)
+  local host, sid = string.match(value, '^[^|]*|([^|]*)|[^|]*|[^|]*|(.*)$')
+  return host or '', sid or ''
+end
 
 -- Until when a ban entry holds (0 when there is none).
 local function ban_entry_until(field)
@@ -163,29 +197,30 @@ end
 -- site is built that way page by page, and a proxy added later reaches every site at its next
 -- lease. Removed proxies leave their members behind; a lease drops them when they come first.
 local LEARN_CHUNK = 32  -- ~0.1 ms a page; a site touched a few times stays a listpack ZSET (<= 128)
-local K_ORDER = P .. ':order'
-local K_SITEIDX = P .. ':siteidx'
-local function site_key(site) return P .. ':site:' .. site end
 
 -- Take up to LEARN_CHUNK slots of proxies added after the site's cursor into its ready ZSET. Each
--- new member waits for a lease key that still holds it (a proxy removed and added again while held,
--- or a site whose state expired while a sticky session kept its slot: lease keys have their own
--- TTL) and for the proxy's quarantines. Returns true when the site has seen every proxy.
+-- new member waits for a live held record of its slot (a proxy removed and added again while held,
+-- or a pool restored while the site's state survived) and for the proxy's quarantines. Returns true
+-- when the site has seen every proxy.
 local function learn(site, c, seq, pool_seq, now)
   if seq >= pool_seq then return true end
   local count = math.max(1, math.floor(LEARN_CHUNK / c))
   local got = redis.call('ZRANGEBYSCORE', K_ORDER, '(' .. istr(seq), '+inf', 'WITHSCORES', 'LIMIT', 0, count)
   if #got > 0 then
-    -- Bulk reads, not a call per slot: the proxies' two ban entries, and whether any lease key exists.
-    local fields, lkeys = {}, {}
+    -- Bulk reads, not a call per slot: the proxies' two ban entries, and the slots' held records.
+    local fields, members = {}, {}
     for i = 1, #got, 2 do
       fields[#fields + 1] = site .. '|' .. got[i]
       fields[#fields + 1] = '*|' .. got[i]
-      for k = 0, c - 1 do lkeys[#lkeys + 1] = lease_key(site, got[i] .. '/' .. k) end
+      for k = 0, c - 1 do members[#members + 1] = got[i] .. '/' .. k end
     end
     local bans = redis.call('HMGET', K_BANS, unpack(fields))
-    local any_held = redis.call('EXISTS', unpack(lkeys)) > 0
-    local batch = {}
+    local held = {}
+    for j = 1, #members, 2000 do  -- unpack stays far below LUAI_MAXCSTACK
+      local part = redis.call('HMGET', K_SITE, unpack(members, j, math.min(j + 1999, #members)))
+      for n, v in ipairs(part) do held[j + n - 1] = v end
+    end
+    local batch, slot = {}, 0
     for i = 1, #got, 2 do
       local id = got[i]
       local free_at = now
@@ -194,37 +229,38 @@ local function learn(site, c, seq, pool_seq, now)
         if u > free_at then free_at = u end
       end
       for k = 0, c - 1 do
-        local member = id .. '/' .. k
+        slot = slot + 1
         local at = free_at
-        if any_held then
-          local held = redis.call('PTTL', lease_key(site, member))
-          if held > 0 and now + held > at then at = now + held end
-        end
+        local until_ms = held_until(held[slot])
+        if until_ms > at then at = until_ms end
         batch[#batch + 1] = at
-        batch[#batch + 1] = member
+        batch[#batch + 1] = id .. '/' .. k
         if #batch >= 2000 then  -- flushed inside the slot loop: unpack stays far below LUAI_MAXCSTACK
-          redis.call('ZADD', ready_key(site), 'NX', unpack(batch))
+          redis.call('ZADD', K_READY, 'NX', unpack(batch))
           batch = {}
         end
       end
       seq = tonumber(got[i + 1])
     end
-    if #batch > 0 then redis.call('ZADD', ready_key(site), 'NX', unpack(batch)) end
+    if #batch > 0 then redis.call('ZADD', K_READY, 'NX', unpack(batch)) end
   end
   if #got < 2 * count then seq = pool_seq end  -- nothing more: proxies removed since were skipped
-  redis.call('HSET', site_key(site), 'seq', istr(seq))
+  redis.call('HSET', K_SITE, 'seq', istr(seq))
   return seq >= pool_seq
 end
 
--- Keep a site's state alive while it is used: its keys expire SITE idle ms after the last hold
--- ends (`until_ms`), so an idle site costs nothing; P:siteidx lists live sites by that expiry.
--- Refreshed only when a quarter of the idle time has been used up (one PTTL on most calls).
+-- Keep a site's state alive while it is used: its two keys (ready ZSET, site hash with the held
+-- records) expire SITE idle ms after the last hold ends (`until_ms`), so an idle site costs nothing;
+-- P:siteidx lists live sites by that expiry. Both keys are created in the call that first touches
+-- the site and always get the same expiry, so checking one is enough. Refreshed only when a quarter
+-- of the idle time has been used up (one PTTL on most calls). Every call that starts or extends a
+-- hold calls it, so a site's state (its held records with it) never expires while a slot is held.
 local function touch_site(site, until_ms, idle, now)
   local want = until_ms - now + idle
-  local left = redis.call('PTTL', ready_key(site))
+  local left = redis.call('PTTL', K_READY)
   if left >= 0 and left > want - math.floor(idle / 4) then return end
-  redis.call('PEXPIRE', ready_key(site), want)
-  redis.call('PEXPIRE', site_key(site), want)
+  redis.call('PEXPIRE', K_READY, want)
+  redis.call('PEXPIRE', K_SITE, want)
   redis.call('ZADD', K_SITEIDX, now + want, site)
   -- Forget index entries of sites that expired (their keys are gone already).
   local gone = redis.call('ZRANGEBYSCORE', K_SITEIDX, '-inf', now, 'LIMIT', 0, 8)
@@ -235,12 +271,12 @@ end
 -- slots per proxy and whether it has seen every proxy. A site whose cursor is ahead of the pool
 -- (the pool was lost and restored while the site's state survived) starts learning again.
 local function ensure_site(site, concurrency, now)
-  local h = redis.call('HMGET', site_key(site), 'c', 'seq')
+  local h = redis.call('HMGET', K_SITE, 'c', 'seq')
   local pool_seq = tonumber(redis.call('HGET', K_META, 'seq')) or 0
   local c, seq = tonumber(h[1]), tonumber(h[2]) or 0
   if not c then
     c = concurrency
-    redis.call('HSET', site_key(site), 'c', c, 'seq', 0)
+    redis.call('HSET', K_SITE, 'c', c, 'seq', 0)
     seq = 0
   elseif seq > pool_seq then
     seq = 0
@@ -250,67 +286,29 @@ end
 
 -- Learn one more page (used when nothing learnt so far is free).
 local function continue_build(site, now)
-  local h = redis.call('HMGET', site_key(site), 'c', 'seq')
+  local h = redis.call('HMGET', K_SITE, 'c', 'seq')
   local pool_seq = tonumber(redis.call('HGET', K_META, 'seq')) or 0
   if not h[1] then return true end
   return learn(site, tonumber(h[1]), tonumber(h[2]) or 0, pool_seq, now)
 end
 
--- Push every slot of a proxy on one site to at least `until_ms` (XX: never re-adds a removed proxy;
--- GT: never shortens a longer hold).
-local function hold_slots(site, id, until_ms)
-  local c = redis.call('HGET', site_key(site), 'c')
+-- Push every slot of a proxy on the call's site to at least `until_ms` (XX: never re-adds a removed
+-- proxy; GT: never shortens a longer hold).
+local function hold_slots(id, until_ms)
+  local c = redis.call('HGET', K_SITE, 'c')
   if not c then return end
-  local ready = ready_key(site)
   for k = 0, tonumber(c) - 1 do
-    redis.call('ZADD', ready, 'XX', 'GT', until_ms, id .. '/' .. k)
+    redis.call('ZADD', K_READY, 'XX', 'GT', until_ms, id .. '/' .. k)
   end
 end
 
--- Pools written before P:order existed (layout 1: a P:sites hash of sites and unpaged-expiry ready
--- ZSETs) are migrated in place, one page per call, by the first scripts that need the new layout:
--- proxies get their P:order numbers, old sites get a P:site hash, an expiry and a P:siteidx entry.
--- P:meta layout=2 marks the end. Returns true when the pool is on the new layout.
-local MIGRATE_PAGE = 500
-local function migrated(idle, now)
-  if redis.call('HGET', K_META, 'layout') == '2' then return true end
-  -- Nothing of an older version here (a new or a lost pool): nothing to migrate, nothing written
-  -- (add.lua's restore relies on P:meta being absent from a pool Redis lost).
-  if redis.call('EXISTS', K_META) == 0 then return true end
-  local m = redis.call('HMGET', K_META, 'layout', 'mstep', 'mcursor')
-  local step, cursor = m[2] or 'proxies', m[3] or '0'
-  if step == 'proxies' then
-    local res = redis.call('HSCAN', K_PROXIES, cursor, 'COUNT', MIGRATE_PAGE)
-    for i = 1, #res[2], 2 do
-      local id = res[2][i]
-      if not redis.call('ZSCORE', K_ORDER, id) then
-        redis.call('ZADD', K_ORDER, redis.call('HINCRBY', K_META, 'seq', 1), id)
-      end
-    end
-    if res[1] ~= '0' then
-      redis.call('HSET', K_META, 'mstep', 'proxies', 'mcursor', res[1])
-      return false
-    end
-    step, cursor = 'sites', '0'
-  end
-  local res = redis.call('HSCAN', P .. ':sites', cursor, 'COUNT', MIGRATE_PAGE)
-  for i = 1, #res[2], 2 do
-    local site, c = res[2][i], res[2][i + 1]
-    if redis.call('EXISTS', site_key(site)) == 0 then
-      redis.call('HSET', site_key(site), 'c', c, 'seq', 0)
-      redis.call('PEXPIRE', site_key(site), idle)
-      redis.call('PEXPIRE', ready_key(site), idle)
-      redis.call('ZADD', K_SITEIDX, now + idle, site)
-    end
-  end
-  if res[1] ~= '0' then
-    redis.call('HSET', K_META, 'mstep', 'sites', 'mcursor', res[1])
-    return false
-  end
-  redis.call('DEL', P .. ':sites', P .. ':sitebuild')
-  redis.call('HDEL', K_META, 'mstep', 'mcursor')
-  redis.call('HSET', K_META, 'layout', '2')
-  return true
+-- lease.lua and hold.lua first: a pool written by an older version (P:meta without layout=2) is
+-- migrated by PoolStore.migrate (paged, keys declared) before it is used. A pool without P:meta (new,
+-- or lost by Redis) has nothing to migrate, and nothing is written (add.lua's restore keys on it).
+local function needs_migration()
+  local layout = redis.call('HGET', K_META, 'layout')
+  if layout == '2' then return false end
+  return redis.call('EXISTS', K_META) == 1
 end
 
 -- Forget ban entries whose strike window has passed (bounded work per call keeps memory bounded).
@@ -348,7 +346,7 @@ local function ban(scope, id, reason, base_ms, max_ms, jitter, window_ms, now)
   redis.call('HINCRBY', K_COUNTERS, 'q_ms', ttl)
   -- A proxy-wide quarantine is not pushed into every site (that would cost sites x slots): each
   -- lease checks the proxy it picks (see lease.lua) and defers it there.
-  if scope ~= '*' then hold_slots(scope, id, until_ms) end
+  if scope ~= '*' then hold_slots(id, until_ms) end
   redis.call('HINCRBY', K_PSTATS, id .. ':ban', 1)
   redis.call('HINCRBY', K_SSTATS, scope .. ':ban', 1)
   redis.call('HINCRBY', K_SSTATS, scope .. ':ban:' .. reason, 1)
@@ -357,17 +355,17 @@ local function ban(scope, id, reason, base_ms, max_ms, jitter, window_ms, now)
 end
 
 -- The ms from which a slot of a proxy being (re-)added may be used: not before a quarantine ends,
--- nor before a lease or sticky session that still holds the slot (its lease key) runs out. A proxy
+-- nor before a lease or sticky session that still holds the slot (its held record) runs out. A proxy
 -- removed and added again while a request holds it must not be handed out twice.
 local function slot_free_at(site, id, member, now)
   local at = blocked_until(site, id)
   if at < now then at = now end
-  local held = redis.call('PTTL', lease_key(site, member))
-  if held > 0 and now + held > at then at = now + held end
+  local held = held_until(redis.call('HGET', K_SITE, member))
+  if held > at then at = held end
   return at
 end
 
--- The start (ms) of the use a lease key records ("token|host|issued_ms|session"), or nil.
+-- The start (ms) of the use a held record records, or nil.
 local function lease_start(value)
   if not value then return nil end
   return tonumber(string.match(value, '^[^|]*|[^|]*|(%d+)|'))
@@ -391,10 +389,12 @@ local function next_free(site, id, at)
   return at
 end
 
--- Heartbeat keys (host_beat.lua, host_leave.lua, hosts.lua; see health.py).
-local K_HOSTS = P .. ':hosts'
-local function host_key(host) return P .. ':host:' .. host end
-local function load_key(host) return P .. ':load:' .. host end
+-- Host records (host_beat.lua, host_leave.lua, hosts.lua; see health.py) are fields of K_HOSTINFO
+-- and K_LOAD: forgetting a host is an HDEL on declared keys.
+local function forget_host(host)
+  redis.call('HDEL', K_HOSTINFO, host)
+  redis.call('HDEL', K_LOAD, host)
+end
 
 -- A host's counters in P:hstats, in reply order; ':ban' (the old name of ':banned', still in pools
 -- written before the rename) is added into banned when read and deleted with the host.
@@ -422,8 +422,6 @@ end
 --                           window: member "<id>|<reason>|<ms>" -> ms (at most BREAKER_SEEN_MAX kept)
 local BREAKER_SEEN_MAX = 64
 local BREAKER_KEEP_MS = 86400000  -- a breaker nobody touches for a day after its cool-off is forgotten
-local function breaker_key(site) return P .. ':breaker:' .. site end
-local function breaker_seen_key(site) return P .. ':brkseen:' .. site end
 
 -- The packed options of release.lua's breaker argument ("" = breaker off): threshold, min distinct
 -- proxies, window ms, cool-off ms, max cool-off ms, probes per round. Returns the options (nil when
@@ -444,32 +442,30 @@ local function breaker_conf(raw)
 end
 
 -- Wake every waiter of the site (up to the freed list's 8 entries): the breaker closed.
-local function announce_all(site)
-  if redis.call('EXISTS', waiting_key(site)) == 0 then return end
-  local key = freed_key(site)
-  redis.call('LPUSH', key, '1', '1', '1', '1', '1', '1', '1', '1')
-  redis.call('LTRIM', key, 0, 7)
-  redis.call('PEXPIRE', key, 60000)
+local function announce_all()
+  if redis.call('EXISTS', K_WAITING) == 0 then return end
+  redis.call('LPUSH', K_FREED, '1', '1', '1', '1', '1', '1', '1', '1')
+  redis.call('LTRIM', K_FREED, 0, 7)
+  redis.call('PEXPIRE', K_FREED, 60000)
 end
 
 -- Open (again) for `cool` ms from now. Returns the cool-off.
-local function breaker_open_for(site, cool, now)
-  local K = breaker_key(site)
-  redis.call('HSET', K, 'st', 'open', 'until', istr(now + cool), 'cool', istr(cool), 'used', 0, 'ptok', '',
-    'pexp', 0)
-  redis.call('HINCRBY', K, 'trips', 1)
-  redis.call('PEXPIRE', K, cool + BREAKER_KEEP_MS)
+local function breaker_open_for(cool, now)
+  redis.call('HSET', K_BREAKER, 'st', 'open', 'until', istr(now + cool), 'cool', istr(cool), 'used', 0,
+    'ptok', '', 'pexp', 0)
+  redis.call('HINCRBY', K_BREAKER, 'trips', 1)
+  redis.call('PEXPIRE', K_BREAKER, cool + BREAKER_KEEP_MS)
   return cool
 end
 
 -- A probe was rejected, or a round of probes ended without a verdict: re-open for twice as long.
 local function breaker_reopen(site, now)
-  local b = redis.call('HMGET', breaker_key(site), 'cool', 'maxc')
+  local b = redis.call('HMGET', K_BREAKER, 'cool', 'maxc')
   local cool = (tonumber(b[1]) or 1) * 2
   local maxc = tonumber(b[2]) or cool
   if cool > maxc then cool = maxc end
   redis.call('HINCRBY', K_SSTATS, site .. ':brk_reopen', 1)
-  return breaker_open_for(site, cool, now)
+  return breaker_open_for(cool, now)
 end
 
 -- lease.lua, before anything else: a WAIT reply when the site's breaker refuses a lease now (reason
@@ -477,8 +473,7 @@ end
 -- release may come sooner), else nil. The second value is true when the lease about to be made is a
 -- probe (half-open): call breaker_probe_taken once it is made.
 local function breaker_gate(site, now)
-  local K = breaker_key(site)
-  local b = redis.call('HMGET', K, 'st', 'until', 'used', 'probes', 'ptok', 'pexp')
+  local b = redis.call('HMGET', K_BREAKER, 'st', 'until', 'used', 'probes', 'ptok', 'pexp')
   if not b[1] then return nil, false end
   local wait = nil
   if b[1] == 'open' then
@@ -486,7 +481,7 @@ local function breaker_gate(site, now)
     if now < until_ms then
       wait = until_ms - now
     else
-      redis.call('HSET', K, 'st', 'half', 'used', 0, 'ptok', '', 'pexp', 0)
+      redis.call('HSET', K_BREAKER, 'st', 'half', 'used', 0, 'ptok', '', 'pexp', 0)
       b[3], b[5] = '0', ''
     end
   end
@@ -497,17 +492,16 @@ local function breaker_gate(site, now)
     wait = breaker_reopen(site, now)  -- a round of probes came back without a verdict
   end
   if wait then
-    redis.call('SET', waiting_key(site), '1', 'PX', 6000)
+    redis.call('SET', K_WAITING, '1', 'PX', 6000)
     return {'WAIT', math.max(1, wait), 'breaker'}, false
   end
   return nil, true
 end
 
 -- lease.lua: the lease `token` (in flight until `expires_ms`) is the half-open breaker's probe.
-local function breaker_probe_taken(site, token, expires_ms)
-  local K = breaker_key(site)
-  redis.call('HSET', K, 'ptok', token, 'pexp', istr(expires_ms))
-  redis.call('HINCRBY', K, 'used', 1)
+local function breaker_probe_taken(token, expires_ms)
+  redis.call('HSET', K_BREAKER, 'ptok', token, 'pexp', istr(expires_ms))
+  redis.call('HINCRBY', K_BREAKER, 'used', 1)
 end
 
 -- release.lua, before the outcome is recorded (`conf` from breaker_conf; nil = off on this host).
@@ -518,25 +512,24 @@ end
 -- does not reject everyone).
 local function breaker_on_release(site, token, outcome, conf, now)
   if not conf then return false, nil end
-  local K = breaker_key(site)
-  local b = redis.call('HMGET', K, 'st', 'ptok')
+  local b = redis.call('HMGET', K_BREAKER, 'st', 'ptok')
   if not b[1] then
-    if outcome == 'ok' and redis.call('EXISTS', breaker_seen_key(site)) == 1 then
-      redis.call('DEL', breaker_seen_key(site))
+    if outcome == 'ok' and redis.call('EXISTS', K_BRKSEEN) == 1 then
+      redis.call('DEL', K_BRKSEEN)
     end
     return false, nil
   end
   if b[2] == token then
     if outcome == 'ok' then
-      redis.call('DEL', K, breaker_seen_key(site))
+      redis.call('DEL', K_BREAKER, K_BRKSEEN)
       redis.call('HINCRBY', K_SSTATS, site .. ':brk_close', 1)
-      announce_all(site)
+      announce_all()
       return false, {'closed', 0, 0, '', 0, 0}
     elseif outcome == 'ban' then
       redis.call('HINCRBY', K_SSTATS, site .. ':brk_spared', 1)
       return true, {'reopened', 0, 0, '', 0, breaker_reopen(site, now)}
     end
-    redis.call('HSET', K, 'ptok', '', 'pexp', 0)  -- no verdict (error, 404...): the next lease probes
+    redis.call('HSET', K_BREAKER, 'ptok', '', 'pexp', 0)  -- no verdict (error, 404...): the next lease probes
   end
   if outcome ~= 'ban' then return true, nil end
   redis.call('HINCRBY', K_SSTATS, site .. ':brk_spared', 1)
@@ -547,12 +540,11 @@ end
 -- and open the breaker if the evidence is now enough. Returns {"opened", bans, distinct proxies,
 -- "reason:n,...", window_ms, cool_ms} when this call opened it, else nil.
 local function breaker_evidence(site, id, reason, now, conf)
-  local S = breaker_seen_key(site)
-  redis.call('ZADD', S, now, id .. '|' .. reason .. '|' .. istr(now))
-  redis.call('ZREMRANGEBYSCORE', S, '-inf', '(' .. istr(now - conf.window))
-  redis.call('ZREMRANGEBYRANK', S, 0, -(BREAKER_SEEN_MAX + 1))
-  redis.call('PEXPIRE', S, conf.window)
-  local seen = redis.call('ZRANGE', S, 0, -1)
+  redis.call('ZADD', K_BRKSEEN, now, id .. '|' .. reason .. '|' .. istr(now))
+  redis.call('ZREMRANGEBYSCORE', K_BRKSEEN, '-inf', '(' .. istr(now - conf.window))
+  redis.call('ZREMRANGEBYRANK', K_BRKSEEN, 0, -(BREAKER_SEEN_MAX + 1))
+  redis.call('PEXPIRE', K_BRKSEEN, conf.window)
+  local seen = redis.call('ZRANGE', K_BRKSEEN, 0, -1)
   if #seen < conf.threshold then return nil end
   local proxies, distinct, reasons, order = {}, 0, {}, {}
   for _, m in ipairs(seen) do
@@ -569,10 +561,9 @@ local function breaker_evidence(site, id, reason, now, conf)
   if distinct < conf.min_proxies then return nil end
   local parts = {}
   for _, why in ipairs(order) do parts[#parts + 1] = why .. ':' .. reasons[why] end
-  local K = breaker_key(site)
-  redis.call('DEL', K, S)
-  redis.call('HSET', K, 'maxc', istr(conf.maxc), 'probes', conf.probes, 'since', istr(now), 'trips', 0)
-  breaker_open_for(site, conf.cool, now)
+  redis.call('DEL', K_BREAKER, K_BRKSEEN)
+  redis.call('HSET', K_BREAKER, 'maxc', istr(conf.maxc), 'probes', conf.probes, 'since', istr(now), 'trips', 0)
+  breaker_open_for(conf.cool, now)
   redis.call('HINCRBY', K_SSTATS, site .. ':brk_open', 1)
   return {'opened', #seen, distinct, table.concat(parts, ','), conf.window, conf.cool}
 end
@@ -607,7 +598,6 @@ local PACE_MARGIN = 0.05
 local PACE_FORGET_RUN = 1000
 local PACE_FORGET = 0.95
 
-local function pace_key(site) return P .. ':pace:' .. site end
 local function pace_ms(x) return string.format('%.3f', x) end
 
 -- Apply one answer to the site's learned interval. Returns the interval this release paces its slot
@@ -627,7 +617,7 @@ local function pace_ms(x) return string.format('%.3f', x) end
 -- answers from other proxies at the same interval points at its proxy, so one bad proxy never raises
 -- the site's interval by itself.
 local function pace_release(site, id, start, outcome, rate, start_ms, min_ms, max_ms, now)
-  local K = pace_key(site)
+  local K = K_PACE
   local s = redis.call('HMGET', K, 'iv', 'eff', 'run', 'bad', 'vote', 'probe', 'piv', 'pat', 'pn', 'prev', 'p:' .. id)
   local iv, eff = tonumber(s[1]), tonumber(s[2])
   local run, bad, vote = tonumber(s[3]) or 0, tonumber(s[4]) or 0, s[5] or ''

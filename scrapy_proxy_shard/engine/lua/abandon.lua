@@ -1,8 +1,11 @@
 -- abandon.lua: settle a lease call whose reply never reached its caller (the client timed out, or the
 -- connection broke, after sending it): the script may have run, or may still run later.
--- KEYS[1]  pool prefix "{namespace:pool}"
+-- KEYS: memo lease_memo bans site ready waiting freed session
+--        (roles in order, see engine/keyset.py: memo = P:done:abandon:<token>, lease_memo =
+--        P:done:lease:<token>, per-site keys of ARGV[1], session = P:session:<site>:<ARGV[3]>)
 -- ARGV[1]  site the lease was asked for
 -- ARGV[2]  token the lease call carried
+-- ARGV[3]  session id the lease call carried, or ""
 -- Replies:
 --   {"RELEASED"}  the lease had run and still held its slot: the slot is free again (no pacing rest:
 --                 no request went out through it) and a waiter is woken
@@ -11,38 +14,37 @@
 --                 copy still queued in Redis answers WAIT and writes nothing
 -- Idempotent: a second call finds the memo it left and answers the same.
 
-local bad = check_strings({{1, 'site'}, {2, 'token'}})
+local bad = check_strings({{1, 'site'}, {2, 'token'}, {3, 'session id', true}})
 if bad then return redis.error_reply(bad) end
 local site, token = ARGV[1], ARGV[2]
-local earlier = redis.call('GET', memo_key('abandon', token))
+local earlier = redis.call('GET', K_MEMO)
 if earlier then return {earlier} end
 
 local function settle(status)
-  redis.call('SET', memo_key('abandon', token), status, 'PX', MEMO_MS)
+  redis.call('SET', K_MEMO, status, 'PX', MEMO_MS)
   return {status}
 end
 
-local v = redis.call('GET', memo_key('lease', token))
+local v = redis.call('GET', K_LEASE_MEMO)
 if not v then
-  remember('lease', token, {'WAIT', 1, 'pool'})
+  remember(K_LEASE_MEMO, {'WAIT', 1, 'pool'})
   return settle('BARRED')
 end
 local reply = cjson.decode(v)
 if reply[1] ~= 'OK' then return settle('GONE') end
 local id, member = reply[2], reply[4]
-local L = lease_key(site, member)
-local held = redis.call('GET', L)
-if not held or string.sub(held, 1, #token + 1) ~= token .. '|' then return settle('GONE') end
 local now = now_ms()
-local sid = string.match(held, '^[^|]*|[^|]*|[^|]*|(.*)$') or ''
+local held = live_record(redis.call('HGET', K_SITE, member), now)
+if not held or string.sub(held, 1, #token + 1) ~= token .. '|' then return settle('GONE') end
+local _, sid = held_by(held)
 if sid ~= '' then
-  -- A sticky session's use that never happened: the binding stays, the use ends now.
-  local S = session_key(site, sid)
-  if redis.call('HGET', S, 't') == token then redis.call('HSET', S, 'busy', 0) end
+  -- A sticky session's use that never happened: the binding stays, the use ends now. The session
+  -- is the one the lease call named (ARGV[3], declared in KEYS): the record carries the same id.
+  if sid == ARGV[3] and redis.call('HGET', K_SESSION, 't') == token then redis.call('HSET', K_SESSION, 'busy', 0) end
   return settle('RELEASED')
 end
-redis.call('DEL', L)
-if redis.call('ZADD', ready_key(site), 'XX', 'CH', next_free(site, id, now), member) == 1 then
-  announce_freed(site)
+redis.call('HDEL', K_SITE, member)
+if redis.call('ZADD', K_READY, 'XX', 'CH', next_free(site, id, now), member) == 1 then
+  announce_freed()
 end
 return settle('RELEASED')

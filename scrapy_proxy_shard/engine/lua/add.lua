@@ -1,18 +1,18 @@
 -- add.lua: add proxies to a pool (or update their tags); new proxies are usable on every site the
 -- pool already serves from that site's next lease on, as soon as nothing holds their slots.
 -- Cost: O(log N) per proxy, whatever the number of sites.
--- KEYS[1]  pool prefix "{namespace:pool}"
+-- KEYS: meta proxies tags bans banidx order   (roles in order, see engine/keyset.py)
 -- ARGV[1]  mode: "add", or "restore" (only into a pool that Redis lost: P:meta absent and no proxies;
 --          a pool an operator emptied with remove keeps P:meta and is left alone)
 -- ARGV[2]  restore warm-up, ms: restored proxies are quarantined proxy-wide this long (reason
 --          "restored"), so a request another host sent through one of them before Redis lost the
---          pool can finish first (the lease keys were lost with the pool)
+--          pool can finish first (the held records were lost with the pool)
 -- ARGV[3..] triples: proxy id, canonical URL, JSON tags ("" for none)
 -- Replies:
 --   {"OK", added, updated}
 --   {"KEPT"}  restore mode only: the pool was not lost; nothing written
 -- A proxy removed and added again while a request or sticky session still holds one of its slots
--- gets that slot back only when the holder's lease key runs out or is released (slot_free_at), and
+-- gets that slot back only when the holder's record runs out or is released (learn()), and
 -- never before a quarantine of the proxy ends.
 
 local bad = check_args({{2, 'restore warm-up ms', 0, MAX_MS}})

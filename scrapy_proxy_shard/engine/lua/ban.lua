@@ -1,6 +1,8 @@
 -- ban.lua: quarantine a proxy on a site (or site group), or proxy-wide, without holding a lease
 -- (operators, the CLI, or a ban learned outside a lease).
--- KEYS[1]  pool prefix "{namespace:pool}"
+-- KEYS: proxies bans banidx pstats sstats counters site ready
+--        (roles in order, see engine/keyset.py: site/ready of the scope ARGV[1]; with scope "*" they
+--        are declared but not touched)
 -- ARGV[1]  scope: a site key, or "*" for a proxy-wide quarantine (dead proxy)
 -- ARGV[2]  proxy id
 -- ARGV[3]  reason    ARGV[4] base TTL, ms    ARGV[5] max TTL, ms

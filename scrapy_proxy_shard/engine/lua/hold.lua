@@ -1,6 +1,7 @@
 -- hold.lua: take one named slot if it is free: adopt, into Redis, a lease that was made by a host's
 -- local fallback engine while Redis was unreachable, so no other host is handed that slot.
--- KEYS[1]  pool prefix "{namespace:pool}"
+-- KEYS: memo proxies meta order bans pstats hstats siteidx site ready
+--        (roles in order, see engine/keyset.py: memo = P:done:hold:<token>, per-site keys of ARGV[1])
 -- ARGV[1]  site    ARGV[2]  member "<id>/<k>"    ARGV[3]  concurrency (slots per proxy, if the
 --          site is new)    ARGV[4]  TTL, ms    ARGV[5]  token    ARGV[6]  host id
 -- ARGV[7]  site idle TTL, ms (see lease.lua)
@@ -8,6 +9,7 @@
 --   {"OK", expires_ms, now_ms, url}  the slot is now held with this token (url: the proxy's URL)
 --   {"BUSY", wait_ms}           the slot is held, cooling or quarantined in Redis
 --   {"UNKNOWN"}                 no such slot (proxy not in the pool, or site built with fewer slots)
+--   {"MIGRATE"}                 the pool was written by an older version: PoolStore.migrate first
 -- Arguments are checked before the first write; a repeated call with the same token answers the
 -- first OK again.
 
@@ -15,7 +17,7 @@ local bad = check_strings({{1, 'site'}, {2, 'member'}, {5, 'token'}, {6, 'host'}
   or check_args({{3, 'concurrency', 1, MAX_CONCURRENCY}, {4, 'ttl ms', 1, MAX_MS},
     {7, 'site idle ttl ms', 1000, MAX_MS}})
 if bad then return redis.error_reply(bad) end
-local earlier = recall('hold', ARGV[5])
+local earlier = recall(K_MEMO)
 if earlier then
   earlier[4] = redis.call('HGET', K_PROXIES, id_of(ARGV[2]) or '')
   if not earlier[4] then return {'UNKNOWN'} end
@@ -26,25 +28,31 @@ local site, member = ARGV[1], ARGV[2]
 local concurrency, ttl = tonumber(ARGV[3]), tonumber(ARGV[4])
 local token, host = ARGV[5], ARGV[6]
 local idle = tonumber(ARGV[7])
+if needs_migration() then return {'MIGRATE'} end
 local now = now_ms()
-if not migrated(idle, now) then return {'BUSY', 1} end
 local url = redis.call('HGET', K_PROXIES, id_of(member) or '')
 if not url then return {'UNKNOWN'} end
 local c = ensure_site(site, concurrency, now)
-local ready = ready_key(site)
+local ready = K_READY
 local score = redis.call('ZSCORE', ready, member)
 if not score then
   -- Not learnt by the site yet (a large pool): take it in now, if the site has that slot.
   local k = tonumber(string.match(member, '/(%d+)$'))
-  if not k or k >= c then return {'UNKNOWN'} end
+  if not k or k >= c then
+    touch_site(site, now, idle, now)  -- ensure_site may have made the site: it expires when idle
+    return {'UNKNOWN'}
+  end
   score = slot_free_at(site, id_of(member), member, now)
   redis.call('ZADD', ready, 'NX', score, member)
 end
 score = tonumber(score)
-if score > now then return {'BUSY', score - now} end
+if score > now then
+  touch_site(site, now, idle, now)
+  return {'BUSY', score - now}
+end
 redis.call('ZADD', ready, now + ttl, member)
+redis.call('HSET', K_SITE, member, held_record(token, host, now, now + ttl, ''))
 touch_site(site, now + ttl, idle, now)
-redis.call('SET', lease_key(site, member), token .. '|' .. host .. '|' .. istr(now) .. '|', 'PX', ttl)
 redis.call('HINCRBY', K_PSTATS, id_of(member) .. ':l', 1)
 redis.call('HINCRBY', K_HSTATS, host .. ':l', 1)
-return remember('hold', token, {'OK', now + ttl, now, url}, 4)
+return remember(K_MEMO, {'OK', now + ttl, now, url}, 4)

@@ -1,6 +1,6 @@
 -- host_leave.lua: a Scrapy process that closes takes itself out of the pool's live hosts at once
 -- (a crashed one ages out after its host TTL instead: see host_beat.lua).
--- KEYS[1]  pool prefix "{namespace:pool}"
+-- KEYS: hosts hostinfo load hstats   (roles in order, see engine/keyset.py)
 -- ARGV[1]  host id
 -- Replies:
 --   {"OK", removed}  removed 1 if the host was registered
@@ -9,6 +9,6 @@
 
 local host = ARGV[1]
 local removed = redis.call('ZREM', K_HOSTS, host)
-redis.call('DEL', host_key(host), load_key(host))
+forget_host(host)
 forget_host_counters(host)
 return {'OK', removed}

@@ -1,5 +1,7 @@
 -- lease.lua: lease the proxy slot that has been free longest on a site, or continue a sticky session.
--- KEYS[1]  pool prefix "{namespace:pool}" (all other keys are built from it; see _lib.lua)
+-- KEYS: memo proxies meta order bans pstats hstats sstats counters siteidx site ready waiting session breaker
+--        (roles in order, see engine/keyset.py: memo = P:done:lease:<token>, site/ready/waiting/breaker
+--        of ARGV[1], session = P:session:<site>:<ARGV[6]>)
 -- ARGV[1]  site (exclusivity key: registrable domain or site group)
 -- ARGV[2]  concurrency: slots per proxy on this site, used when the site is first built
 -- ARGV[3]  lease TTL, ms (a holder that dies frees the slot after this)
@@ -20,7 +22,7 @@
 --        "breaker": the site's circuit breaker is open (wait_ms until probing starts) or half-open
 --        with its probe in flight (wait_ms until the probe lease expires; a release may come sooner)
 --   {"EMPTY"}  the pool holds no proxies
---   A pool written by an older version is migrated first, one page per call (WAIT 1 "pool" meanwhile).
+--   {"MIGRATE"}  the pool was written by an older version: run PoolStore.migrate, then ask again
 -- Never OK without a URL: a ready member whose proxy is missing from P:proxies (removed, or lost by
 -- eviction or a failover while its site survived) is dropped, and one whose proxy is quarantined
 -- proxy-wide is deferred (to the quarantine's end, re-checked at least every RECHECK_MS so an unban
@@ -34,8 +36,16 @@ local bad = check_strings({{1, 'site'}, {4, 'token'}, {5, 'host'}, {6, 'session 
   or check_args({{2, 'concurrency', 1, MAX_CONCURRENCY}, {3, 'lease ttl ms', 1, MAX_MS},
     {7, 'session ttl ms', 1, MAX_MS}, {8, 'site idle ttl ms', 1000, MAX_MS}})
 if bad then return redis.error_reply(bad) end
-local earlier = recall('lease', ARGV[4], 3)
-if earlier then return earlier end
+local earlier = recall(K_MEMO)
+if earlier then
+  -- The memo keeps no URL: look it up again; a WAIT if the proxy was removed meanwhile (never an OK
+  -- without a URL).
+  if earlier[1] == 'OK' then
+    earlier[3] = redis.call('HGET', K_PROXIES, earlier[2])
+    if not earlier[3] then return {'WAIT', 1, 'pool'} end
+  end
+  return earlier
+end
 
 local SKIPS_PER_CALL = 32
 local RECHECK_MS = 30000
@@ -47,9 +57,9 @@ local host = ARGV[5]
 local sid = ARGV[6]
 local session_ttl = tonumber(ARGV[7])
 local idle = tonumber(ARGV[8])
+if needs_migration() then return {'MIGRATE'} end
 local now = now_ms()
-if not migrated(idle, now) then return {'WAIT', 1, 'pool'} end
-local ready = ready_key(site)
+local ready = K_READY
 local rebound = 0
 local S = nil
 -- The site's circuit breaker first: open, no lease on any host; half-open, this lease is the probe.
@@ -63,7 +73,7 @@ local function count_lease(id)
 end
 
 if sid ~= '' then
-  S = session_key(site, sid)
+  S = K_SESSION
   local s = redis.call('HMGET', S, 'p', 'm', 'busy', 'next')
   if s[1] and s[1] ~= '' then
     local id, member = s[1], s[2]
@@ -75,19 +85,18 @@ if sid ~= '' then
       redis.call('HSET', S, 't', token, 'busy', now + ttl)
       redis.call('HINCRBY', S, 'n', 1)
       redis.call('PEXPIRE', S, session_ttl)
-      redis.call('SET', lease_key(site, member), token .. '|' .. host .. '|' .. istr(now) .. '|' .. sid,
-        'PX', session_ttl)
+      redis.call('HSET', K_SITE, member, held_record(token, host, now, now + session_ttl, sid))
       redis.call('ZADD', ready, 'XX', now + session_ttl, member)
       touch_site(site, now + session_ttl, idle, now)
       count_lease(id)
-      if probing then breaker_probe_taken(site, token, now + ttl) end
-      return remember('lease', token,
+      if probing then breaker_probe_taken(token, now + ttl) end
+      return remember(K_MEMO,
         {'OK', id, redis.call('HGET', K_PROXIES, id), member, token, now + ttl, now, 1, 0}, 3)
     end
     -- The session's proxy is banned, dead or removed: free its slot and bind a new proxy below.
     -- The binding is emptied rather than deleted, so a rebind that has to wait is still reported
     -- as a rebind when it completes.
-    redis.call('DEL', lease_key(site, member))
+    redis.call('HDEL', K_SITE, member)
     if redis.call('ZSCORE', ready, member) then
       local b = blocked_until(site, id)
       if b < now then b = now end
@@ -140,8 +149,8 @@ if #found == 0 then
   end
   local wait = tonumber(first[2]) - now
   if wait < 1 then wait = 1 end
-  redis.call('SET', waiting_key(site), '1', 'PX', 6000)
-  if redis.call('EXISTS', lease_key(site, first[1])) == 1 then return {'WAIT', wait, 'held'} end
+  redis.call('SET', K_WAITING, '1', 'PX', 6000)
+  if live_record(redis.call('HGET', K_SITE, first[1]), now) then return {'WAIT', wait, 'held'} end
   return {'WAIT', wait, 'pool'}
 end
 
@@ -159,9 +168,8 @@ if S then
   redis.call('PEXPIRE', S, session_ttl)
 end
 redis.call('ZADD', ready, hold, member)
+redis.call('HSET', K_SITE, member, held_record(token, host, now, now + lease_ttl, sid))
 touch_site(site, hold, idle, now)
-redis.call('SET', lease_key(site, member), token .. '|' .. host .. '|' .. istr(now) .. '|' .. sid,
-  'PX', lease_ttl)
 count_lease(id)
-if probing then breaker_probe_taken(site, token, now + ttl) end
-return remember('lease', token, {'OK', id, url, member, token, now + ttl, now, session_flag, rebound}, 3)
+if probing then breaker_probe_taken(token, now + ttl) end
+return remember(K_MEMO, {'OK', id, url, member, token, now + ttl, now, session_flag, rebound}, 3)

@@ -1,5 +1,7 @@
 -- release.lua: end one use of a leased slot, record its outcome, and quarantine the proxy if banned.
--- KEYS[1]  pool prefix "{namespace:pool}"
+-- KEYS: memo proxies bans banidx pstats hstats sstats counters siteidx site ready waiting freed session breaker brkseen pace
+--        (roles in order, see engine/keyset.py: memo = P:done:release:<token>, per-site keys of ARGV[1],
+--        session = P:session:<site>:<ARGV[8]>)
 -- ARGV[1]  site
 -- ARGV[2]  member "<id>/<k>" from the lease reply
 -- ARGV[3]  token from the lease reply
@@ -8,7 +10,7 @@
 --          "unknown": neither success nor failure, e.g. a 404: counted as a lease only)
 -- ARGV[5]  latency, ms (integer; -1 when unknown); feeds the proxy's EWMA latency on "ok"
 -- ARGV[6]  pacing interval, ms: the slot's next use on this site starts at least this long after
---          the START of this use (start-to-start, the lease key's issued_ms on the Redis clock);
+--          the START of this use (start-to-start, the held record's issued_ms on the Redis clock);
 --          already randomized by the caller when PROXY_SHARD_RANDOMIZE_INTERVAL is on
 -- ARGV[7]  host id of the caller
 -- ARGV[8]  session id, or ""
@@ -22,11 +24,13 @@
 --          (the slot is free at max(start + ARGV[6], now + ARGV[16]), never before a quarantine ends)
 -- ARGV[17] the site's circuit breaker options, "threshold,min_proxies,window_ms,cooloff_ms,
 --          max_cooloff_ms,probes", or "" when the breaker is off (see breaker_conf in _lib.lua)
--- ARGV[18] adaptive pacing: "1" on (the site's learned interval in P:pace:<site> replaces ARGV[6];
---          see pace_release in _lib.lua), "0" off (ARGV[19..23] are then ignored)
--- ARGV[19] learned interval to start from, ms    ARGV[20] its minimum, ms    ARGV[21] its maximum, ms
--- ARGV[22] factor the learned interval is paced with (the caller's randomization draw; "1" for none)
--- ARGV[23] "1" when this ban is rate-type (PROXY_SHARD_AUTOTHROTTLE_BAN_REASONS), else "0"
+-- ARGV[18] site idle TTL, ms: a sticky session's slot stays held session TTL from now, and the
+--          site's state (its held records) lives at least this long after that
+-- ARGV[19] adaptive pacing: "1" on (the site's learned interval in P:pace:<site> replaces ARGV[6];
+--          see pace_release in _lib.lua), "0" off (ARGV[20..24] are then ignored)
+-- ARGV[20] learned interval to start from, ms    ARGV[21] its minimum, ms    ARGV[22] its maximum, ms
+-- ARGV[23] factor the learned interval is paced with (the caller's randomization draw; "1" for none)
+-- ARGV[24] "1" when this ban is rate-type (PROXY_SHARD_AUTOTHROTTLE_BAN_REASONS), else "0"
 -- Replies:
 --   {"OK", now_ms, ban_until_ms, strikes, breaker_event, bans, proxies, reasons, window_ms, cooloff_ms,
 --    learned_interval, pace_event}
@@ -48,15 +52,16 @@ local bad = check_strings({{1, 'site'}, {2, 'member'}, {3, 'token'}, {7, 'host'}
   or check_args({{5, 'latency ms', -1, MAX_MS}, {6, 'min interval ms', 0, MAX_MS},
     {9, 'session ttl ms', 1, MAX_MS}, {11, 'ban ttl ms', 1, MAX_MS}, {12, 'ban max ttl ms', 1, MAX_MS},
     {13, 'jitter', -1, 1, true}, {14, 'strike window ms', 0, MAX_MS}, {15, 'ewma weight', 0, 1, true},
-    {16, 'rest after response ms', 0, MAX_MS}, {18, 'autothrottle flag', 0, 1},
-    {19, 'autothrottle start interval ms', 1, MAX_MS}, {20, 'autothrottle min interval ms', 1, MAX_MS},
-    {21, 'autothrottle max interval ms', 1, MAX_MS}, {22, 'interval factor', 0, 2, true}, {23, 'rate ban flag', 0, 1}})
+    {16, 'rest after response ms', 0, MAX_MS}, {18, 'site idle ttl ms', 1000, MAX_MS},
+    {19, 'autothrottle flag', 0, 1}, {20, 'autothrottle start interval ms', 1, MAX_MS},
+    {21, 'autothrottle min interval ms', 1, MAX_MS}, {22, 'autothrottle max interval ms', 1, MAX_MS},
+    {23, 'interval factor', 0, 2, true}, {24, 'rate ban flag', 0, 1}})
   or check_strings({{17, 'breaker', true}})
 if bad then return redis.error_reply(bad) end
 local breaker, bad_breaker = breaker_conf(ARGV[17])
 if bad_breaker then return redis.error_reply(bad_breaker) end
 if not id_of(ARGV[2]) then return redis.error_reply('ERR scrapy-proxy-shard: argument member must be <id>/<slot>') end
-local earlier = recall('release', ARGV[3])
+local earlier = recall(K_MEMO)
 if earlier then return earlier end
 
 local site, member, token, outcome = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
@@ -67,26 +72,25 @@ local host, sid = ARGV[7], ARGV[8]
 local session_ttl = tonumber(ARGV[9])
 local now = now_ms()
 local id = id_of(member)
-local ready = ready_key(site)
-local L = lease_key(site, member)
+local ready = K_READY
 local status = 'OK'
 
 -- Adaptive pacing: this answer updates the site's learned interval, which then paces the slot.
 local pace_iv, pace_event = '', ''
-if ARGV[18] == '1' then
-  local v = redis.call('GET', L)
+if ARGV[19] == '1' then
+  local v = redis.call('HGET', K_SITE, member)
   local start = nil
   if v and string.sub(v, 1, #token + 1) == token .. '|' then start = lease_start(v) end
   local paced, learned
-  paced, pace_event, learned = pace_release(site, id, start, outcome, ARGV[23] == '1', tonumber(ARGV[19]),
-    tonumber(ARGV[20]), tonumber(ARGV[21]), now)
-  interval = math.floor(paced * tonumber(ARGV[22]) + 0.5)
+  paced, pace_event, learned = pace_release(site, id, start, outcome, ARGV[24] == '1', tonumber(ARGV[20]),
+    tonumber(ARGV[21]), tonumber(ARGV[22]), now)
+  interval = math.floor(paced * tonumber(ARGV[23]) + 0.5)
   pace_iv = pace_ms(learned)
-  redis.call('PEXPIRE', pace_key(site), PACE_KEEP_MS)  -- a learned pace outlives restarts, not a dead site
+  redis.call('PEXPIRE', K_PACE, PACE_KEEP_MS)  -- a learned pace outlives restarts, not a dead site
 end
 
 if sid ~= '' then
-  local S = session_key(site, sid)
+  local S = K_SESSION
   local s = redis.call('HMGET', S, 't', 'm')
   if not s[1] or s[2] ~= member then
     status = 'EXPIRED'
@@ -94,26 +98,27 @@ if sid ~= '' then
     status = 'STALE'
   else
     -- The session's next use follows the same pacing law as a plain slot.
-    local start = lease_start(redis.call('GET', L))
+    local start = lease_start(redis.call('HGET', K_SITE, member))
     redis.call('HSET', S, 'busy', 0, 'next', paced_at(start, interval, now, rest))
     redis.call('PEXPIRE', S, session_ttl)
-    redis.call('PEXPIRE', L, session_ttl)
+    redis.call('HSET', K_SITE, member, held_record(token, host, start or now, now + session_ttl, sid))
     local b = blocked_until(site, id)
     local hold = now + session_ttl
     if b > hold then hold = b end
     redis.call('ZADD', ready, 'XX', hold, member)
+    touch_site(site, now + session_ttl, tonumber(ARGV[18]), now)
   end
 else
-  local v = redis.call('GET', L)
+  local v = live_record(redis.call('HGET', K_SITE, member), now)
   if not v then
     status = 'EXPIRED'
   elseif string.sub(v, 1, #token + 1) ~= token .. '|' then
     status = 'STALE'
   else
-    redis.call('DEL', L)
+    redis.call('HDEL', K_SITE, member)
     local at = next_free(site, id, paced_at(lease_start(v), interval, now, rest))
     if redis.call('ZADD', ready, 'XX', 'CH', at, member) == 1 then
-      announce_freed(site)
+      announce_freed()
     end
   end
 end
@@ -164,4 +169,4 @@ local reply = {status, now, ban_until, strikes}
 for _, x in ipairs(event) do reply[#reply + 1] = x end
 reply[#reply + 1] = pace_iv
 reply[#reply + 1] = pace_event
-return remember('release', token, reply)
+return remember(K_MEMO, reply)

@@ -2,7 +2,7 @@
 -- hold one of them finish normally (their release finds no slot to free and is still counted).
 -- Sites keep the proxy's members until a lease finds them first and drops them (lease.lua), so
 -- a call costs O(log N) per proxy, whatever the number of sites.
--- KEYS[1]  pool prefix "{namespace:pool}"
+-- KEYS: proxies tags pstats order   (roles in order, see engine/keyset.py)
 -- ARGV     proxy ids
 -- Replies:
 --   {"OK", removed}

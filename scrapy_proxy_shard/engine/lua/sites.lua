@@ -1,23 +1,24 @@
--- sites.lua: one page of the sites a pool serves now (used within their idle TTL), read-only.
--- KEYS[1]  pool prefix "{namespace:pool}"
--- ARGV[1]  offset into P:siteidx (0, then the previous reply's next offset)
--- ARGV[2]  page size
+-- sites.lua: slots per proxy, slots and free slots of some sites (read-only). The caller picks the
+-- sites (a page of P:siteidx, or the sites a heartbeat reported) and declares their keys.
+-- KEYS: pairs, one per site: P:site:<site>, P:ready:<site>   (engine/keyset.py sites_keys)
+-- ARGV[1]  "1": count slots and free slots too; "0": slots per proxy only
 -- Replies:
---   {next_offset, site_1, slots_per_proxy_1, ...}  next_offset 0 when this was the last page; a site
---        whose state has expired but whose index entry was not pruned yet is left out
--- Cost: O(log S + page), so listing thousands of sites never blocks Redis for long.
+--   {c_1, slots_1, free_1, ...}  c is "" for a site whose state has expired (leave it out); slots and
+--        free are 0 without ARGV[1]
+-- Cost: O(sites) (O(sites x log N) when counting).
 
-local bad = check_args({{1, 'offset', 0, 1e12}, {2, 'page size', 1, 10000}})
-if bad then return redis.error_reply(bad) end
-local offset, page = tonumber(ARGV[1]), tonumber(ARGV[2])
-local names = redis.call('ZRANGE', K_SITEIDX, offset, offset + page - 1)
-local reply = {0}
-if #names == page then reply[1] = offset + page end
-for _, site in ipairs(names) do
-  local c = redis.call('HGET', site_key(site), 'c')
-  if c then
-    reply[#reply + 1] = site
-    reply[#reply + 1] = c
+local count = ARGV[1] == '1'
+local now = count and now_ms() or 0
+local reply = {}
+for i = 1, #KEYS, 2 do
+  local c = redis.call('HGET', KEYS[i], 'c')
+  reply[#reply + 1] = c or ''
+  if c and count then
+    reply[#reply + 1] = redis.call('ZCARD', KEYS[i + 1])
+    reply[#reply + 1] = redis.call('ZCOUNT', KEYS[i + 1], '-inf', now)
+  else
+    reply[#reply + 1] = 0
+    reply[#reply + 1] = 0
   end
 end
 return reply

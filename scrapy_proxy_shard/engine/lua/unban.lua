@@ -1,5 +1,6 @@
 -- unban.lua: lift a quarantine now (strikes are forgotten too).
--- KEYS[1]  pool prefix "{namespace:pool}"
+-- KEYS: bans banidx counters site ready
+--        (roles in order, see engine/keyset.py: site/ready of the scope ARGV[1]; unused with "*")
 -- ARGV[1]  scope: a site key, or "*" for the proxy-wide quarantine
 -- ARGV[2]  proxy id
 -- Replies:
@@ -19,12 +20,11 @@ redis.call('ZREM', K_BANIDX, field)
 -- proxy-wide one was never pushed into the sites; leases that met it deferred it by at most
 -- RECHECK_MS (lease.lua), so it is back everywhere within that time without a loop over sites.
 if scope ~= '*' then
-  local c = redis.call('HGET', site_key(scope), 'c')
+  local c = redis.call('HGET', K_SITE, 'c')
   if c then
-    local ready = ready_key(scope)
     for k = 0, tonumber(c) - 1 do
       local member = id .. '/' .. k
-      redis.call('ZADD', ready, 'XX', slot_free_at(scope, id, member, now), member)
+      redis.call('ZADD', K_READY, 'XX', slot_free_at(scope, id, member, now), member)
     end
   end
 end
