@@ -47,7 +47,6 @@ import json
 import os
 import platform
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -61,8 +60,9 @@ from scrapy_proxy_shard.demo.nginx_stack import (
     NginxStack,
     binary_versions,
     run_catalog_crawl,
+    run_hosts,
 )
-from scrapy_proxy_shard.demo.redis_server import RedisServer, terminate
+from scrapy_proxy_shard.demo.redis_server import RedisServer
 
 CONCURRENT_REQUESTS = 16
 TARGET_EFFICIENCY = 0.78
@@ -198,27 +198,20 @@ def run_rotating(stack: NginxStack, workdir: Path, hosts: int, timeout: float) -
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(EXAMPLE_PROJECT),
                                                                         os.environ.get("PYTHONPATH")]))}
     env.pop("SCRAPY_SETTINGS_MODULE", None)
-    procs = []
     started = time.monotonic()
+    commands = {}
     for i in range(hosts):
         name = f"host-{i}"
-        cmd = [sys.executable, "-m", "scrapy", "runspider", str(spider),
-               "-a", f"start_urls={','.join(stack.index_urls())}", "-a", f"shard={i}", "-a", f"shards={hosts}",
-               "-s", f"ROTATING_PROXY_LIST={','.join(stack.proxy_urls)}",
-               "-s", f"DOWNLOADER_MIDDLEWARES={json.dumps(middlewares)}",
-               "-s", f"CONCURRENT_REQUESTS={CONCURRENT_REQUESTS}", "-s", "LOG_LEVEL=INFO",
-               # the example project's stats dump (not part of the crawl): for the per-host figures below
-               "-s", 'EXTENSIONS={"shardshop.extensions.StatsDump": 0}',
-               "-s", f"STATS_DUMP_FILE={workdir / f'{name}.stats.json'}",
-               "-O", str(workdir / f"{name}.items.jsonl"), "--logfile", str(workdir / f"{name}.log")]
-        procs.append((name, subprocess.Popen(cmd, cwd=workdir, env=env, stdout=subprocess.DEVNULL,
-                                             stderr=subprocess.DEVNULL, start_new_session=True)))
-    deadline = started + timeout
-    for _, proc in procs:
-        try:
-            proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
-        except subprocess.TimeoutExpired:
-            terminate(proc)
+        commands[name] = ([sys.executable, "-m", "scrapy", "runspider", str(spider),
+                           "-a", f"start_urls={','.join(stack.index_urls())}", "-a", f"shard={i}",
+                           "-a", f"shards={hosts}",
+                           "-s", f"ROTATING_PROXY_LIST={','.join(stack.proxy_urls)}",
+                           "-s", f"DOWNLOADER_MIDDLEWARES={json.dumps(middlewares)}",
+                           "-s", f"CONCURRENT_REQUESTS={CONCURRENT_REQUESTS}", "-s", "LOG_LEVEL=INFO",
+                           # the example project's stats dump (not part of the crawl): for the per-host figures
+                           "-s", 'EXTENSIONS={"shardshop.extensions.StatsDump": 0}',
+                           "-s", f"STATS_DUMP_FILE={workdir / f'{name}.stats.json'}"], env)
+    procs = run_hosts(commands, workdir, workdir, started + timeout)
     stats = {}
     for name, _ in procs:
         path = workdir / f"{name}.stats.json"

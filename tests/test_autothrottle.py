@@ -11,12 +11,9 @@ from __future__ import annotations
 
 import heapq
 import random
-import time
-import types
 
-import fakeredis._socket._base
-import fakeredis.commands_mixins.server_mixin
 import pytest
+from engine_clock import Clock, make_clock
 
 from scrapy_proxy_shard.crawl.logstats import PoolLogStats
 from scrapy_proxy_shard.engine import schema
@@ -35,30 +32,8 @@ SITE = "shop.example"
 BANS = BanOptions(ttl=1.0, max_ttl=4.0, jitter=0.0, strike_window=60.0, dead_ttl=1.0)
 
 
-class Clock:
-    """Real time on real servers; on fakeredis a controlled clock that ``sleep`` advances at once."""
-
-    def __init__(self, controlled: bool) -> None:
-        self.controlled = controlled
-        self._now = time.time()
-
-    def time(self) -> float:
-        return self._now if self.controlled else time.time()
-
-    def sleep(self, seconds: float) -> None:
-        if self.controlled:
-            self._now += max(0.0, seconds)
-        else:
-            time.sleep(max(0.0, seconds))
-
-
 def _control(monkeypatch) -> Clock:
-    clock = Clock(controlled=True)
-    stand_in = types.SimpleNamespace(**{name: getattr(time, name) for name in dir(time) if name[0] != "_"})
-    stand_in.time = clock.time
-    for module in (fakeredis._socket._base, fakeredis.commands_mixins.server_mixin):
-        monkeypatch.setattr(module, "time", stand_in)
-    return clock
+    return make_clock(True, monkeypatch)
 
 
 @pytest.fixture

@@ -7,11 +7,9 @@ fakeredis the tests that wait do not sleep at all: ``clock`` controls the time f
 from __future__ import annotations
 
 import time
-import types
 
-import fakeredis._socket._base
-import fakeredis.commands_mixins.server_mixin
 import pytest
+from engine_clock import Clock, make_clock
 
 from scrapy_proxy_shard.engine.sites import SiteMap
 from scrapy_proxy_shard.engine.store import Lease, LeaseWait
@@ -21,39 +19,12 @@ POOL = "main"
 URLS = ["http://10.0.0.1:8000", "http://10.0.0.2:8000", "http://user:Pa55word@10.0.0.3:8000"]
 
 
-class Clock:
-    """The time the engine sees. Real servers: the wall clock, and ``sleep`` sleeps. fakeredis: a
-    controlled clock that ``sleep`` advances at once; fakeredis reads it for ``TIME`` (what the Lua
-    scripts go by) and for key expiry, so TTLs, intervals and bans elapse without real waiting."""
-
-    def __init__(self, controlled: bool) -> None:
-        self.controlled = controlled
-        self.slack = 0.0  # see _wait_after
-        self._now = time.time()
-
-    def time(self) -> float:
-        return self._now if self.controlled else time.time()
-
-    def sleep(self, seconds: float) -> None:
-        if self.controlled:
-            self._now += max(0.0, seconds)
-        else:
-            time.sleep(seconds)
-
-
 @pytest.fixture
 def clock(request, monkeypatch) -> Clock:
     """A controlled clock on the fakeredis backend (this test's server only lives as long as it), real
-    time on real servers. fakeredis calls ``time.time()`` of its own modules: those are swapped for a
-    stand-in whose ``time`` is the clock (blocking commands still time out in real time)."""
+    time on real servers."""
     params = getattr(getattr(request.node, "callspec", None), "params", {})
-    clock = Clock(controlled=params.get("backend") == "fakeredis")
-    if clock.controlled:
-        stand_in = types.SimpleNamespace(**{name: getattr(time, name) for name in dir(time) if name[0] != "_"})
-        stand_in.time = clock.time
-        for module in (fakeredis._socket._base, fakeredis.commands_mixins.server_mixin):
-            monkeypatch.setattr(module, "time", stand_in)
-    return clock
+    return make_clock(params.get("backend") == "fakeredis", monkeypatch)
 
 
 def _redis_time(backend) -> float:

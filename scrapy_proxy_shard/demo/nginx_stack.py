@@ -610,6 +610,24 @@ def load_proxies(redis_url: str, stack: NginxStack, namespace: str, pool: str = 
         client.close()
 
 
+def run_hosts(commands: dict[str, tuple[list[str], dict[str, str]]], cwd: Path, workdir: Path,
+              deadline: float) -> list[tuple[str, subprocess.Popen]]:
+    """Start one crawl process per name (its command and its whole environment) at once, each writing
+    ``<name>.items.jsonl`` and ``<name>.log`` into ``workdir``; wait for all of them until ``deadline``
+    (``time.monotonic()``), stopping those still running then."""
+    procs = []
+    for name, (cmd, env) in commands.items():
+        full = [*cmd, "-O", str(workdir / f"{name}.items.jsonl"), "--logfile", str(workdir / f"{name}.log")]
+        procs.append((name, subprocess.Popen(full, cwd=cwd, env=env, stdout=subprocess.DEVNULL,
+                                             stderr=subprocess.DEVNULL, start_new_session=True)))
+    for _, proc in procs:
+        try:
+            proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            terminate(proc)
+    return procs
+
+
 def run_catalog_crawl(stack: NginxStack, redis_url: str, workdir: Path, *, hosts: int = 3,
                       settings: dict[str, str] | None = None, namespace: str = "nginxstack",
                       timeout: float = 120.0, project: Path = EXAMPLE_PROJECT) -> CrawlRun:
@@ -628,23 +646,16 @@ def run_catalog_crawl(stack: NginxStack, redis_url: str, workdir: Path, *, hosts
               "PROXY_SHARD_HOSTS": ",".join(f"host-{i}" for i in range(hosts)), **(settings or {})}
     extra = [arg for name, value in merged.items() for arg in ("-s", f"{name}={value}")]
     start_urls = ",".join(stack.index_urls())
-    procs = []
     since = time.time()
     started = time.monotonic()
+    commands = {}
     for i in range(hosts):
         name = f"host-{i}"
-        env = {**os.environ, "PROXY_SHARD_REDIS_URL": redis_url, "STATS_DUMP_FILE": str(workdir / f"{name}.stats.json")}
-        cmd = [sys.executable, "-m", "scrapy", "crawl", "catalog", "-a", f"start_urls={start_urls}",
-               "-a", f"shard={i}", "-a", f"shards={hosts}", "-s", f"PROXY_SHARD_HOST_ID={name}", *extra,
-               "-O", str(workdir / f"{name}.items.jsonl"), "--logfile", str(workdir / f"{name}.log")]
-        procs.append((name, subprocess.Popen(cmd, cwd=project, env=env, stdout=subprocess.DEVNULL,
-                                             stderr=subprocess.DEVNULL, start_new_session=True)))
-    deadline = started + timeout
-    for _, proc in procs:
-        try:
-            proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
-        except subprocess.TimeoutExpired:
-            terminate(proc)
+        commands[name] = ([sys.executable, "-m", "scrapy", "crawl", "catalog", "-a", f"start_urls={start_urls}",
+                           "-a", f"shard={i}", "-a", f"shards={hosts}", "-s", f"PROXY_SHARD_HOST_ID={name}", *extra],
+                          {**os.environ, "PROXY_SHARD_REDIS_URL": redis_url,
+                           "STATS_DUMP_FILE": str(workdir / f"{name}.stats.json")})
+    procs = run_hosts(commands, project, workdir, started + timeout)
     duration = time.monotonic() - started
     runs = []
     for name, proc in procs:

@@ -10,6 +10,8 @@ import re
 
 import scrapy
 
+from shardshop.pages import page_item
+
 ITEM_CSS = ["div.product", "span.price"]
 ITEM_NUMBER = re.compile(r"/item/(\d+)\.html$")
 
@@ -40,13 +42,7 @@ class CatalogSpider(scrapy.Spider):
                                      meta={"proxy_shard_required_css": ITEM_CSS})
 
     def parse_item(self, response):
-        yield {
-            "kind": "page",
-            "url": response.url,
-            "title": response.css("h1.title::text").get(),
-            "price": response.css("span.price::text").get(),
-            "proxy_id": response.meta.get("proxy_shard_proxy_id"),
-        }
+        yield page_item(response)
 
     def failed(self, failure):
         self.logger.error("request failed: %s: %s", failure.request.url, failure.value)

@@ -8,6 +8,7 @@ ask for the ``residential`` pool per request and carry ``meta['session_id']`` fo
 import scrapy
 
 from scrapy_proxy_shard import signals as shard_signals
+from shardshop.pages import page_item
 
 CATALOG_CSS = ["div.product", "span.price"]
 FLOW_CSS = ["a.next-step, div.flow-done"]
@@ -63,13 +64,7 @@ class ShopSpider(scrapy.Spider):
         )
 
     def parse_page(self, response):
-        yield {
-            "kind": "page",
-            "url": response.url,
-            "title": response.css("h1.title::text").get(),
-            "price": response.css("span.price::text").get(),
-            "proxy_id": response.meta.get("proxy_shard_proxy_id"),
-        }
+        yield page_item(response)
 
     def parse_flow(self, response):
         site, flow_id, step = response.meta["flow"]

@@ -1,0 +1,42 @@
+"""The time the engine sees in tests, shared by the contract and adaptive-pacing suites.
+
+Real servers: the wall clock, and ``sleep`` sleeps. fakeredis: a controlled clock that ``sleep``
+advances at once; fakeredis reads it for ``TIME`` (what the Lua scripts go by) and for key expiry, so
+TTLs, intervals and bans elapse without real waiting (blocking commands still time out in real time).
+"""
+
+from __future__ import annotations
+
+import time
+import types
+
+import fakeredis._socket._base
+import fakeredis.commands_mixins.server_mixin
+
+
+class Clock:
+    def __init__(self, controlled: bool) -> None:
+        self.controlled = controlled
+        self.slack = 0.0  # real time calls took on a real server (test_engine_contract._wait_after)
+        self._now = time.time()
+
+    def time(self) -> float:
+        return self._now if self.controlled else time.time()
+
+    def sleep(self, seconds: float) -> None:
+        if self.controlled:
+            self._now += max(0.0, seconds)
+        else:
+            time.sleep(max(0.0, seconds))
+
+
+def make_clock(controlled: bool, monkeypatch) -> Clock:
+    """A clock; a controlled one is installed into fakeredis: its modules call ``time.time()``, so
+    they get a stand-in whose ``time`` is the clock."""
+    clock = Clock(controlled)
+    if controlled:
+        stand_in = types.SimpleNamespace(**{name: getattr(time, name) for name in dir(time) if name[0] != "_"})
+        stand_in.time = clock.time
+        for module in (fakeredis._socket._base, fakeredis.commands_mixins.server_mixin):
+            monkeypatch.setattr(module, "time", stand_in)
+    return clock
