@@ -337,3 +337,26 @@ def test_converges_on_a_real_redis_server(real_redis):
     assert pace.lowered >= 3
     assert pace.interval <= 1.5 * rule
     assert run["banned"] <= 0.1 * (run["ok"] + run["banned"])
+
+
+def test_a_rate_ban_under_adaptive_pacing_rests_the_ip_without_escalating(fake_redis, fake_clock):
+    """The pace takes the blame for a rate ban (it is raised), so the IP's short rest does not double
+    with strikes as a ban that blames the IP does (BANS: 1 s, doubling up to 4 s)."""
+    store = PoolStore(fake_redis, namespace="t", host_id="h", bans=BANS)
+    store.add_proxies(POOL, _urls(1))
+    at = AutothrottleOptions(enabled=True, start_interval=0.1, min_interval=0.01, max_interval=1.0)
+    lengths = {}
+    for rate_ban in (True, False):
+        fake_redis.flushall()
+        store.add_proxies(POOL, _urls(1))
+        got = []
+        for _ in range(3):
+            lease = store.lease(POOL, SITE, ttl=5)
+            assert isinstance(lease, Lease), lease
+            result = store.release(lease, outcome="ban", reason="http_429", autothrottle=at, rate_ban=rate_ban,
+                                   ban_ttl=1.0)
+            got.append(round(result.ban_until - result.now, 3))
+            fake_clock.sleep(result.ban_until - result.now + 0.01)
+        lengths[rate_ban] = got
+    assert lengths[True] == [1.0, 1.0, 1.0]
+    assert lengths[False] == [1.0, 2.0, 4.0]

@@ -368,13 +368,15 @@ class _StoreBase:
                  rest_after_response=0.0, randomize_interval=False, autothrottle=None, rate_ban=False) -> Plan:
         if outcome not in OUTCOMES:
             raise ValueError(f"outcome must be one of {OUTCOMES}, got {outcome!r}")
-        ban_args = self._ban_args(outcome == "dead", ban_ttl)
+        adaptive = autothrottle is not None and autothrottle.enabled
+        # A rate ban under adaptive pacing blames the pace (which is raised), not the IP: its short
+        # quarantine (AUTOTHROTTLE_BAN_TTL) does not double with strikes.
+        ban_args = self._ban_args(outcome == "dead", ban_ttl, escalate=not (adaptive and rate_ban))
         interval = _ms(min_interval, "min_interval")
         factor = 1.0
         if randomize_interval:
             factor = 0.5 + self._random()  # [0.5, 1.5) x, like Scrapy's
             interval = round(interval * factor)
-        adaptive = autothrottle is not None and autothrottle.enabled
         pace_args = (
             "1" if adaptive else "0",
             *(max(1, _ms(getattr(autothrottle, name), name)) if adaptive else 1
@@ -482,10 +484,10 @@ class _StoreBase:
         reply = yield _Script("unban", keyset.script_keys("unban", self.prefix(pool), scope), (scope, _as_id(proxy)))
         return bool(int(reply[1]))
 
-    def _ban_args(self, proxy_wide: bool, ttl: float | None) -> tuple:
+    def _ban_args(self, proxy_wide: bool, ttl: float | None, escalate: bool = True) -> tuple:
         opts = self.bans_options
         base = ttl if ttl is not None else (opts.dead_ttl if proxy_wide else opts.ttl)
-        cap = max(opts.max_ttl, base)
+        cap = max(opts.max_ttl, base) if escalate else base
         jitter = -opts.jitter * self._random()  # subtractive: a capped TTL never exceeds the cap
         return (_ms(base), _ms(cap), repr(jitter), _ms(opts.strike_window))
 
