@@ -847,6 +847,14 @@ class _StoreBase:
             if self._in_doubt.pop(token, None) is not None and self._on_settled is not None:
                 self._on_settled(str(reply[0]).lower())
 
+    def _retry_pause(self, request: Any, exc: redis.RedisError, attempt: int, first: float) -> float:
+        """After ``request`` failed with ``exc``: the pause before sending it again when Redis answered
+        BUSY or LOADING (it did not run the command), else the store's error (the call is in doubt)."""
+        if not _is_busy(exc):
+            self._note_in_doubt(request, exc)
+            raise self._backend_error(exc) from None
+        return self._busy_pause(exc, attempt, first)
+
     def _busy_pause(self, exc: Exception, attempt: int, first: float) -> float:
         """After a BUSY/LOADING answer: how long to pause before the call's next attempt, or raise
         ``PoolBusy`` once the call has waited ``busy_wait`` since its ``first`` such answer."""
@@ -903,15 +911,11 @@ class PoolStore(_StoreBase):
             try:
                 reply = self._execute(request)
             except redis.RedisError as exc:
-                if not _is_busy(exc):
-                    self._note_in_doubt(request, exc)
-                    raise self._backend_error(exc) from None
                 attempt += 1
                 first = first or time.monotonic()
-                time.sleep(self._busy_pause(exc, attempt, first))
+                time.sleep(self._retry_pause(request, exc, attempt, first))
                 continue
-            if self._busy_since is not None:
-                self._busy_over()
+            self._busy_over()
             return reply
 
     def _execute(self, request: Any) -> Any:
@@ -1041,15 +1045,11 @@ class AsyncPoolStore(_StoreBase, PoolBackend):
             try:
                 reply = await self._execute(request)
             except redis.RedisError as exc:
-                if not _is_busy(exc):
-                    self._note_in_doubt(request, exc)
-                    raise self._backend_error(exc) from None
                 attempt += 1
                 first = first or time.monotonic()
-                await asyncio.sleep(self._busy_pause(exc, attempt, first))
+                await asyncio.sleep(self._retry_pause(request, exc, attempt, first))
                 continue
-            if self._busy_since is not None:
-                self._busy_over()
+            self._busy_over()
             return reply
 
     async def _execute(self, request: Any) -> Any:

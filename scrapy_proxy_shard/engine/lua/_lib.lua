@@ -168,17 +168,25 @@ local function live_record(value, now)
   if value and held_until(value) > now then return value end
   return nil
 end
+-- Whether a record was written for the lease with this token.
+local function held_with(value, token)
+  return value ~= nil and value ~= false and string.sub(value, 1, #token + 1) == token .. '|'
+end
 -- The host and session id of a record.
 local function held_by(value)
   local host, sid = string.match(value, '^[^|]*|([^|]*)|[^|]*|[^|]*|(.*)$')
   return host or '', sid or ''
 end
 
--- Until when a ban entry holds (0 when there is none).
-local function ban_entry_until(field)
-  local v = redis.call('HGET', K_BANS, field)
+-- Until when a ban entry's value ("until_ms|strikes|reason|since") holds (0 for none).
+local function entry_until(v)
   if not v then return 0 end
   return tonumber(string.match(v, '^(%d+)|')) or 0
+end
+
+-- Until when the ban entry `field` holds (0 when there is none).
+local function ban_entry_until(field)
+  return entry_until(redis.call('HGET', K_BANS, field))
 end
 
 -- Until when a proxy may not be used on a site: the later of its site ban and its proxy-wide
@@ -225,7 +233,7 @@ local function learn(site, c, seq, pool_seq, now)
       local id = got[i]
       local free_at = now
       for _, entry in ipairs({bans[i], bans[i + 1]}) do
-        local u = entry and tonumber(string.match(entry, '^(%d+)|')) or 0
+        local u = entry_until(entry)
         if u > free_at then free_at = u end
       end
       for k = 0, c - 1 do
@@ -267,7 +275,8 @@ local function touch_site(site, until_ms, idle, now)
   if #gone > 0 then redis.call('ZREM', K_SITEIDX, unpack(gone)) end
 end
 
--- Make sure the site exists and learn one page of proxies it has not seen. Returns the site's
+-- Make sure the site exists and learn one page of proxies it has not seen (called again for one
+-- more page when nothing learnt so far is free). Returns the site's
 -- slots per proxy and whether it has seen every proxy. A site whose cursor is ahead of the pool
 -- (the pool was lost and restored while the site's state survived) starts learning again.
 local function ensure_site(site, concurrency, now)
@@ -282,14 +291,6 @@ local function ensure_site(site, concurrency, now)
     seq = 0
   end
   return c, learn(site, c, seq, pool_seq, now)
-end
-
--- Learn one more page (used when nothing learnt so far is free).
-local function continue_build(site, now)
-  local h = redis.call('HMGET', K_SITE, 'c', 'seq')
-  local pool_seq = tonumber(redis.call('HGET', K_META, 'seq')) or 0
-  if not h[1] then return true end
-  return learn(site, tonumber(h[1]), tonumber(h[2]) or 0, pool_seq, now)
 end
 
 -- Push every slot of a proxy on the call's site to at least `until_ms` (XX: never re-adds a removed

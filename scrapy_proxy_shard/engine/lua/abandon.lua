@@ -35,7 +35,7 @@ if reply[1] ~= 'OK' then return settle('GONE') end
 local id, member = reply[2], reply[4]
 local now = now_ms()
 local held = live_record(redis.call('HGET', K_SITE, member), now)
-if not held or string.sub(held, 1, #token + 1) ~= token .. '|' then return settle('GONE') end
+if not held_with(held, token) then return settle('GONE') end
 local _, sid = held_by(held)
 if sid ~= '' then
   -- A sticky session's use that never happened: the binding stays, the use ends now. The session

@@ -113,11 +113,9 @@ end
 
 local _, built = ensure_site(site, concurrency, now)
 local found = redis.call('ZRANGEBYSCORE', ready, '-inf', now, 'LIMIT', 0, 1)
-local pages = 0
-while #found == 0 and not built and pages < 1 do  -- still learning: the free ones may be unlearnt
-  built = continue_build(site, now)
+if #found == 0 and not built then  -- still learning: the free ones may be unlearnt: one more page
+  _, built = ensure_site(site, concurrency, now)
   found = redis.call('ZRANGEBYSCORE', ready, '-inf', now, 'LIMIT', 0, 1)
-  pages = pages + 1
 end
 local url = nil
 local skips = 0

@@ -62,7 +62,7 @@ if #members > 0 then
     local entries = redis.call('HMGET', K_BANS, unpack(fields))
     for j, i in ipairs(at) do
       for _, entry in ipairs({entries[2 * j - 1], entries[2 * j]}) do
-        if entry and (tonumber(string.match(entry, '^(%d+)|')) or 0) > now then blocked[i] = true end
+        if entry_until(entry) > now then blocked[i] = true end
       end
     end
   end

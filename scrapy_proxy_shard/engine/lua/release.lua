@@ -74,13 +74,13 @@ local now = now_ms()
 local id = id_of(member)
 local ready = K_READY
 local status = 'OK'
+local record = redis.call('HGET', K_SITE, member)  -- the slot's held record (read once)
 
 -- Adaptive pacing: this answer updates the site's learned interval, which then paces the slot.
 local pace_iv, pace_event = '', ''
 if ARGV[19] == '1' then
-  local v = redis.call('HGET', K_SITE, member)
   local start = nil
-  if v and string.sub(v, 1, #token + 1) == token .. '|' then start = lease_start(v) end
+  if held_with(record, token) then start = lease_start(record) end
   local paced, learned
   paced, pace_event, learned = pace_release(site, id, start, outcome, ARGV[24] == '1', tonumber(ARGV[20]),
     tonumber(ARGV[21]), tonumber(ARGV[22]), now)
@@ -98,7 +98,7 @@ if sid ~= '' then
     status = 'STALE'
   else
     -- The session's next use follows the same pacing law as a plain slot.
-    local start = lease_start(redis.call('HGET', K_SITE, member))
+    local start = lease_start(record)
     redis.call('HSET', S, 'busy', 0, 'next', paced_at(start, interval, now, rest))
     redis.call('PEXPIRE', S, session_ttl)
     redis.call('HSET', K_SITE, member, held_record(token, host, start or now, now + session_ttl, sid))
@@ -109,10 +109,10 @@ if sid ~= '' then
     touch_site(site, now + session_ttl, tonumber(ARGV[18]), now)
   end
 else
-  local v = live_record(redis.call('HGET', K_SITE, member), now)
+  local v = live_record(record, now)
   if not v then
     status = 'EXPIRED'
-  elseif string.sub(v, 1, #token + 1) ~= token .. '|' then
+  elseif not held_with(v, token) then
     status = 'STALE'
   else
     redis.call('HDEL', K_SITE, member)
