@@ -602,12 +602,11 @@ class ShardRuntime:
         self._note_pace(lease, result, reason)
         self.crawler.signals.send_catch_log(shard_signals.lease_released, request=request, lease=lease,
                                             outcome=outcome, reason=reason, result=result)
-        if outcome in ("ban", "dead") and result.ban_until is None and result.breaker is not None:
-            self.stats.inc_value(f"{STATS}/bans")  # a response judged a ban, but the breaker spared the proxy
-            self.stats.inc_value(f"{STATS}/bans/reason/{reason or outcome}")
-        elif outcome in ("ban", "dead"):
+        spared = result.ban_until is None and result.breaker is not None  # judged a ban, no quarantine
+        if outcome in ("ban", "dead"):
             self.stats.inc_value(f"{STATS}/bans")
             self.stats.inc_value(f"{STATS}/bans/reason/{reason or outcome}")
+        if outcome in ("ban", "dead") and not spared:
             if outcome == "dead":
                 self.stats.inc_value(f"{STATS}/dead")
             logger.info(
