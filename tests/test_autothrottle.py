@@ -47,12 +47,14 @@ def _urls(n: int) -> list[str]:
 
 def simulate(store: PoolStore, clock: Clock, at: AutothrottleOptions, *, proxies: int, rule: float,
              latency: float, duration: float, jitter: float, bad: dict[int, float] | None = None,
-             seed: int = 7) -> dict:
+             seed: int = 7, burst: int = 0) -> dict:
     """Crawl the simulated site for ``duration`` seconds with as many requests in flight as slots allow.
 
     ``bad``: proxy index -> time (s from the start) from which the site bans that proxy on every request
-    (a burnt IP), whatever the pace. Returns the trace [(t, learned interval, event)], the counts, and the
-    final PaceState.
+    (a burnt IP), whatever the pace. ``burst``: the site limits like nginx's ``limit_req rate=1/rule
+    burst=<burst> nodelay`` (a refused request leaves the IP's state as it was) instead of refusing any
+    two starts closer than ``rule``. Returns the trace [(t, learned interval, event)], the counts, and
+    the final PaceState.
     """
     urls = _urls(proxies)
     store.add_proxies(POOL, urls)
@@ -60,6 +62,7 @@ def simulate(store: PoolStore, clock: Clock, at: AutothrottleOptions, *, proxies
     bad_from = {ids[i]: t for i, t in (bad or {}).items()}
     rng = random.Random(seed)
     last_start: dict[str, float] = {}
+    excess_of: dict[str, float] = {}
     inflight: list = []
     seq = 0
     t0 = clock.time()
@@ -74,8 +77,15 @@ def simulate(store: PoolStore, clock: Clock, at: AutothrottleOptions, *, proxies
                 break
             seen = got.issued_at + rng.random() * jitter  # when the site sees the request start
             previous = last_start.get(got.proxy_id)
-            too_fast = previous is not None and seen - previous < rule
-            last_start[got.proxy_id] = seen
+            if burst:
+                excess = 0.0 if previous is None else max(0.0, excess_of[got.proxy_id] - (seen - previous) / rule + 1)
+                too_fast = excess > burst
+                if not too_fast:
+                    excess_of[got.proxy_id] = excess
+                    last_start[got.proxy_id] = seen
+            else:
+                too_fast = previous is not None and seen - previous < rule
+                last_start[got.proxy_id] = seen
             burnt = got.issued_at - t0 >= bad_from.get(got.proxy_id, float("inf"))
             seq += 1
             heapq.heappush(inflight, (got.issued_at + latency, seq, got, too_fast, burnt))
@@ -116,24 +126,70 @@ def test_converges_toward_the_sites_rule_and_stays_in_the_band(fake_redis, fake_
     assert len(inside) >= 0.9 * len(late)
     assert rule <= pace.interval <= 1.25 * rule
     assert run["banned"] <= 0.02 * (run["ok"] + run["banned"])
-    assert pace.lowered >= 5 and pace.floor_of is not None  # it came down step by step, then met the rule
+    # it came down (halving while nothing had failed, then by smaller steps), then met the rule
+    assert pace.lowered >= 3 and pace.floor_of is not None
+
+
+def test_a_limiter_with_a_burst_allowance_does_not_fool_the_probes(fake_redis, fake_clock):
+    """nginx's ``limit_req ... burst=1`` lets a few requests through faster than its rate before it
+    refuses: a probe that adopted a lower interval after 3 clean answers would then fail on every proxy
+    and raise the pace x 1.5 again and again (the learned interval oscillating far above the rule). Probes
+    run long enough to exhaust such a burst, and a lowering stays provisional until every proxy could
+    have, so the interval settles near the rule: never raised, rate bans rare."""
+    rule = 0.1
+    store = PoolStore(fake_redis, namespace="t", host_id="h", bans=BANS)
+    at = AutothrottleOptions(True, start_interval=0.5, min_interval=0.02, max_interval=5.0)
+    run = simulate(store, fake_clock, at, proxies=3, rule=rule, latency=0.02, duration=60, jitter=0.005,
+                   burst=1)
+    pace = run["pace"]
+    late = _between(run["trace"], 20, 60)
+    assert late and all(0.85 * rule <= iv <= 1.25 * rule for _, iv in late), sorted({iv for _, iv in late})
+    assert pace.raised == 0
+    assert run["banned"] <= 0.02 * (run["ok"] + run["banned"])
+
+
+def test_a_crawl_slower_than_its_pace_does_not_learn_an_interval_it_never_used(fake_redis, fake_clock):
+    """The crawl asks for one page every 0.3 s over 3 proxies, so each proxy starts a request about every
+    0.9 s whatever the pace below that: while the pace (2 s, then 1 s) holds requests back they wait and
+    probes run; once it does not (below 0.9 s), probes neither start (nobody waits) nor, if running,
+    count answers spaced wider than their interval, so the site's interval is never pushed toward the
+    minimum on evidence the crawl never produced (a later burst of demand would break the rule at once)."""
+    store = PoolStore(fake_redis, namespace="t", host_id="h", bans=BANS)
+    store.add_proxies(POOL, _urls(3))
+    at = AutothrottleOptions(True, start_interval=2.0, min_interval=0.02, max_interval=5.0)
+    rule, demand = 0.1, 0.3
+    t0 = fake_clock.time()
+    intervals = []
+    while fake_clock.time() < t0 + 90:
+        got = store.lease(POOL, SITE, ttl=30)
+        while isinstance(got, LeaseWait):  # the pace holds the request back: it waits (and says so)
+            fake_clock.sleep(got.wait + 0.001)
+            got = store.lease(POOL, SITE, ttl=30)
+        fake_clock.sleep(0.01)
+        result = store.release(got, outcome="ok", autothrottle=at)
+        intervals.append(result.interval)
+        fake_clock.sleep(max(0.0, demand - 0.01 - rule / 10))
+    pace = store.paces(POOL)[SITE]
+    assert pace.lowered >= 1  # 2 s held the crawl back: it came down
+    assert min(intervals) >= 0.45, sorted(set(intervals))
 
 
 def test_a_site_that_gets_stricter_raises_the_interval_once_per_event(fake_redis, fake_clock):
     """Learned at a loose rule, then the site halves its rate: the votes of two proxies at the pace in
-    force raise the interval x 1.5 per event, until it is above the new rule again."""
+    force raise the interval once per event, until it is above the new rule again: x 1.1 from the firm
+    interval (it ran clean for long, so the limit should be just below it), then x 1.5 per event while
+    the raised interval has not run clean for long."""
     store = PoolStore(fake_redis, namespace="t", host_id="h", bans=BANS)
     at = AutothrottleOptions(True, start_interval=0.1, min_interval=0.05, max_interval=5.0)
     first = simulate(store, fake_clock, at, proxies=3, rule=0.05, latency=0.01, duration=15, jitter=0.0)
     assert first["pace"].interval <= 0.075
     second = simulate(store, fake_clock, at, proxies=3, rule=0.1, latency=0.01, duration=20, jitter=0.0)
     pace = second["pace"]
-    assert pace.raised >= 1
+    assert pace.raised >= 2
     assert 0.1 <= pace.interval <= 0.15 * 1.25
     ups = [iv for _, iv, event in second["trace"] if event == "up"]
-    assert all(b == pytest.approx(a * 1.5, rel=0.01) or b == pytest.approx(5.0) for a, b in zip(
-        [first["pace"].interval, *ups], ups, strict=False))
-
+    steps = [round(b / a, 2) for a, b in zip([first["pace"].interval, *ups], ups, strict=False)]
+    assert steps[0] == 1.1 and 1.5 in steps[1:] and set(steps) <= {1.1, 1.5}, steps
 
 def test_a_proxy_the_site_has_burnt_never_raises_the_interval(fake_redis, fake_clock):
     """Proxy 0 is banned on every request from the start; the pace is well above the rule: its bans are
@@ -334,29 +390,45 @@ def test_converges_on_a_real_redis_server(real_redis):
     run = simulate(store, Clock(controlled=False), at, proxies=3, rule=rule, latency=0.005, duration=6.0,
                    jitter=0.0)
     pace = run["pace"]
-    assert pace.lowered >= 3
+    assert pace.lowered >= 2  # 0.16 -> 0.08 -> 0.04 s by halving while nothing has failed
     assert pace.interval <= 1.5 * rule
     assert run["banned"] <= 0.1 * (run["ok"] + run["banned"])
 
 
-def test_a_rate_ban_under_adaptive_pacing_rests_the_ip_without_escalating(fake_redis, fake_clock):
-    """The pace takes the blame for a rate ban (it is raised), so the IP's short rest does not double
-    with strikes as a ban that blames the IP does (BANS: 1 s, doubling up to 4 s)."""
+def test_a_rate_ban_after_a_clean_answer_rests_the_ip_from_the_first_strike(fake_redis, fake_clock):
+    """The pace takes the blame for a rate ban that follows a clean answer (it is raised), so the IP
+    rests for the site's rest (AUTOTHROTTLE_BAN_TTL at first) from the first strike each time; rate bans
+    in a row (the site blocks the IP, not the pace) escalate like any ban (BANS: 1 s, doubling up to
+    4 s), and so does a ban that is not rate-type whatever came before."""
     store = PoolStore(fake_redis, namespace="t", host_id="h", bans=BANS)
-    store.add_proxies(POOL, _urls(1))
     at = AutothrottleOptions(enabled=True, start_interval=0.1, min_interval=0.01, max_interval=1.0)
-    lengths = {}
-    for rate_ban in (True, False):
+
+    def rests(pattern: str, rate_ban: bool = True) -> list[float]:
+        """Answer one lease per letter (c clean, b ban); the quarantine length of each ban."""
         fake_redis.flushall()
         store.add_proxies(POOL, _urls(1))
         got = []
-        for _ in range(3):
+        for answer in pattern:
             lease = store.lease(POOL, SITE, ttl=5)
+            if isinstance(lease, LeaseWait):
+                fake_clock.sleep(lease.wait + 0.01)
+                lease = store.lease(POOL, SITE, ttl=5)
             assert isinstance(lease, Lease), lease
-            result = store.release(lease, outcome="ban", reason="http_429", autothrottle=at, rate_ban=rate_ban,
-                                   ban_ttl=1.0)
-            got.append(round(result.ban_until - result.now, 3))
-            fake_clock.sleep(result.ban_until - result.now + 0.01)
-        lengths[rate_ban] = got
-    assert lengths[True] == [1.0, 1.0, 1.0]
-    assert lengths[False] == [1.0, 2.0, 4.0]
+            if answer == "c":
+                result = store.release(lease, outcome="ok", autothrottle=at)
+            else:
+                result = store.release(lease, outcome="ban", reason="http_429", autothrottle=at,
+                                       rate_ban=rate_ban, ban_ttl=1.0)
+                got.append(round(result.ban_until - result.now, 3))
+                fake_clock.sleep(result.ban_until - result.now + 0.01)
+            fake_clock.sleep(1.0)  # past any pace: the next lease is the proxy's next answer
+        return got
+
+    assert rests("cbcbcb") == [1.0, 1.0, 1.0]
+    assert rests("cbbb") == [1.0, 2.0, 4.0]
+    assert rests("bbcb") == [1.0, 2.0, 1.0]
+    assert rests("cbcbcb", rate_ban=False) == [1.0, 2.0, 4.0]
+    # The site's rest is learned: banned again right after a 1 s rest, the site blocks IPs for longer,
+    # so the next proxy rate-banned after a clean answer rests 2 s; each one that comes back clean
+    # from that rest shortens it by 10%, never below AUTOTHROTTLE_BAN_TTL.
+    assert rests("cbbcbcbcb") == [1.0, 2.0, 2.0, 1.8, 1.62]

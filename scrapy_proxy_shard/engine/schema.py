@@ -78,7 +78,7 @@ COUNTER_FIELDS = (LEASES, OK, ERRORS, BANNED, QUARANTINES, LATENCY, STALE, EXPIR
 #: in force (ms), its last change, from when starts follow it, the clean run, the lowest interval known to fail,
 #: counts (raises, lowerings, skipped rate bans, floors lowered, failed probes), the pending vote, the probe.
 PACE_FIELDS = ("iv", "chg", "eff", "run", "bad", "up", "down", "skip", "forget", "fail", "back", "vote", "probe",
-               "piv", "pat", "pn", "prev")
+               "piv", "pat", "pn", "prev", "pend", "rest", "firm", "pls")
 #: Field prefix of a proxy's last answer on the site in a ``PACE`` hash (``c`` clean, ``b`` a ban).
 PACE_PROXY = "p"
 #: Field of a session hash (``SESSION`` key): the id of the proxy the session is bound to.

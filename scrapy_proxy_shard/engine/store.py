@@ -369,9 +369,10 @@ class _StoreBase:
         if outcome not in OUTCOMES:
             raise ValueError(f"outcome must be one of {OUTCOMES}, got {outcome!r}")
         adaptive = autothrottle is not None and autothrottle.enabled
-        # A rate ban under adaptive pacing blames the pace (which is raised), not the IP: its short
-        # quarantine (AUTOTHROTTLE_BAN_TTL) does not double with strikes.
-        ban_args = self._ban_args(outcome == "dead", ban_ttl, escalate=not (adaptive and rate_ban))
+        # A rate ban under adaptive pacing blames the pace (which is raised), not the IP: release.lua
+        # starts its short quarantine (AUTOTHROTTLE_BAN_TTL) from the first strike when the proxy's
+        # previous answer on the site was clean, and escalates it up to the cap when it was a ban.
+        ban_args = self._ban_args(outcome == "dead", ban_ttl)
         interval = _ms(min_interval, "min_interval")
         factor = 1.0
         if randomize_interval:
@@ -484,10 +485,10 @@ class _StoreBase:
         reply = yield _Script("unban", keyset.script_keys("unban", self.prefix(pool), scope), (scope, _as_id(proxy)))
         return bool(int(reply[1]))
 
-    def _ban_args(self, proxy_wide: bool, ttl: float | None, escalate: bool = True) -> tuple:
+    def _ban_args(self, proxy_wide: bool, ttl: float | None) -> tuple:
         opts = self.bans_options
         base = ttl if ttl is not None else (opts.dead_ttl if proxy_wide else opts.ttl)
-        cap = max(opts.max_ttl, base) if escalate else base
+        cap = max(opts.max_ttl, base)
         jitter = -opts.jitter * self._random()  # subtractive: a capped TTL never exceeds the cap
         return (_ms(base), _ms(cap), repr(jitter), _ms(opts.strike_window))
 

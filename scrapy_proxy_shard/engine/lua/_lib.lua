@@ -323,8 +323,10 @@ end
 
 -- Quarantine proxy `id` on `scope` (a site, or '*' for every site) with an escalating TTL.
 -- A ban that arrives while the same quarantine still runs (several in-flight requests seeing one
--- ban) does not add a strike. Returns until_ms, strikes, and 1 if this call started the quarantine.
-local function ban(scope, id, reason, base_ms, max_ms, jitter, window_ms, now)
+-- ban) does not add a strike. `fresh`: start again from the first strike (an adaptive-pacing rate ban
+-- of a proxy whose previous answer on the site was clean: the pace, not the IP, was at fault). Returns
+-- until_ms, strikes, and 1 if this call started the quarantine.
+local function ban(scope, id, reason, base_ms, max_ms, jitter, window_ms, now, fresh)
   local field = scope .. '|' .. id
   local prev = redis.call('HGET', K_BANS, field)
   local strikes = 0
@@ -333,7 +335,7 @@ local function ban(scope, id, reason, base_ms, max_ms, jitter, window_ms, now)
     p_until = tonumber(p_until)
     p_strikes = tonumber(p_strikes)
     if p_until > now then return p_until, p_strikes, 0 end
-    if now - p_until < window_ms then strikes = p_strikes end
+    if now - p_until < window_ms and not fresh then strikes = p_strikes end
   end
   strikes = strikes + 1
   local ttl = base_ms * math.pow(2, strikes - 1)
@@ -578,32 +580,67 @@ end
 --   run    clean answers to requests started at or after eff, since the last change or rate-ban vote
 --   vote   the proxy id of a pending rate-ban vote at this pace ('' none)
 --   probe  the proxy trying a lower interval ('' none), piv that interval (ms), pat when it began (ms),
---          pn its clean answers at piv so far
+--          pn its clean answers at piv so far (those started within PACE_PROBE_TIGHT x piv of the proxy's
+--          previous start), pls the start of its last answer (ms)
 --   bad    the lowest interval known to fail (ms; 0: none yet): a failed probe's, or the one in force at
 --          a raise; lowering stops at bad x (1 + PACE_MARGIN) until PACE_FORGET_RUN clean answers there
 --          shrink bad by PACE_FORGET (the site may have loosened its rule)
 --   prev   the interval before the last lowering, while that lowering is provisional (its first
---          PACE_LONE_RUN clean answers): a vote meanwhile goes back to prev instead of raising
+--          PACE_LONE_RUN clean answers, and until pend): a vote meanwhile goes back to prev instead of
+--          raising
+--   pend   ms until which the last lowering stays provisional (see probe_needed)
+--   firm   '1' once the interval in force carried PACE_LONE_RUN clean answers in a row (not provisional):
+--          a raise from it is x PACE_UP_FIRM, from any other x PACE_UP
 --   up, down, back, fail, skip, forget   raises, lowerings, lowerings undone, failed probes, rate bans
 --          that changed nothing, floors lowered (counters)
---   p:<id> the proxy's last answer on the site: 'c' clean, 'b' a ban of any reason
+--   rest   the site's rest after a rate ban, ms: how long a proxy rate-banned after a clean answer is
+--          quarantined (at least the caller's AUTOTHROTTLE_BAN_TTL); doubled when such a proxy is
+--          banned again right after its rest (the site blocks an IP longer), x PACE_REST_DECAY when one
+--          comes back clean (see release.lua)
+--   p:<id> the proxy's last answer on the site: 'c' clean, 'b' a ban of any reason, 'f' a rate ban that
+--          followed a clean answer (its rest is the site's rest)
 local PACE_KEEP_MS = 7 * 86400000  -- a site's learned pace is forgotten a week after its last release
-local PACE_UP = 1.5          -- a raise: interval x 1.5 (capped at the maximum)
-local PACE_DOWN = 0.8       -- a probe tries interval x 0.8, never below the floor nor the minimum
+local PACE_UP = 1.5          -- a raise: interval x 1.5 (capped at the maximum),
+local PACE_UP_FIRM = 1.1     -- ... x 1.1 from a firm interval (PACE_LONE_RUN clean answers in a row)
+local PACE_DOWN = 0.8       -- a probe tries interval x 0.8, never below the floor nor the minimum,
+local PACE_DOWN_FIRST = 0.5  -- ... or x 0.5 while no interval is known to fail (a fast first descent)
 local PACE_CLEAN_RUN = 5     -- clean answers at the pace before a probe starts
 local PACE_PROBE_RUN_FIRST = 3  -- clean answers of the probe proxy at the lower interval that adopt it,
-local PACE_PROBE_RUN = 10       -- ... once an interval is known to fail (near the rule: a stricter test)
+local PACE_PROBE_RUN = 10       -- ... once an interval is known to fail (near the rule: a stricter test),
+local PACE_BURST = 2            -- ... and at least 1 + this / (1 - lower / current): a site's limiter may
+local PACE_PROBE_RUN_MAX = 40   -- let a burst through before it refuses (capped at this many answers);
+local PACE_PROBE_TIGHT = 1.25   -- only answers started within this x the probe's interval after the probe
+                                -- proxy's previous start count: a probe the crawl did not keep busy proves nothing
 local PACE_PROBE_MS = 60000  -- a probe that has not concluded after max(this, 20 x its interval) is dropped
 local PACE_LONE_RUN = 20     -- clean answers at the pace that void a pending vote (it pointed at its proxy)
 local PACE_MARGIN = 0.05
 local PACE_FORGET_RUN = 1000
 local PACE_FORGET = 0.95
+local PACE_REST_DECAY = 0.9  -- the site's rest after a proxy came back clean from it
 
 local function pace_ms(x) return string.format('%.3f', x) end
 
+-- Clean answers that prove a lower interval `lower` against the one in force `iv`, for the probe proxy
+-- (and, per proxy, for the provisional time after an adoption). A limiter with a burst allowance of b
+-- requests (nginx limit_req burst, a token bucket) lets about 1 + b / (1 - lower / rule) requests
+-- through at `lower` before refusing: a probe that stops earlier adopts an interval that fails later
+-- on every proxy. The rule is at most `iv` (it answers clean), so 1 - lower / iv bounds that term.
+local function probe_needed(lower, iv, bad)
+  local needed = PACE_PROBE_RUN
+  if bad == 0 then needed = PACE_PROBE_RUN_FIRST end
+  local step = 1 - lower / iv
+  if step > 0 then
+    local burst = math.ceil(1 + PACE_BURST / step)
+    if burst > needed then needed = burst end
+  end
+  if needed > PACE_PROBE_RUN_MAX then needed = PACE_PROBE_RUN_MAX end
+  return needed
+end
+
 -- Apply one answer to the site's learned interval. Returns the interval this release paces its slot
 -- with (ms: the probe's lower interval for the probe proxy, else the interval in force), what
--- happened, and the interval in force (ms). What happened: '' (nothing changed), 'probe' (this proxy starts trying a lower interval), 'down' (a probe
+-- happened, the interval in force (ms), the proxy's previous answer on the site (see p:<id>; nil none
+-- yet), and the site's rest after a rate ban (ms, at least `rest_ms`). What happened: '' (nothing changed), 'probe' (this proxy starts trying a lower interval), 'down' (a probe
 -- succeeded: every host uses it), 'fail' (a probe met a rate ban: the interval stays), 'up', 'skip' (a
 -- rate ban that raised nothing) or 'forget'. `start` is the answered request's start (ms, from its
 -- lease key) or nil when unknown (an expired lease: learns nothing); `rate` is true for a ban the
@@ -617,13 +654,16 @@ local function pace_ms(x) return string.format('%.3f', x) end
 -- one proxy); PACE_LONE_RUN clean answers at the pace void a pending vote: a ban that follows clean
 -- answers from other proxies at the same interval points at its proxy, so one bad proxy never raises
 -- the site's interval by itself.
-local function pace_release(site, id, start, outcome, rate, start_ms, min_ms, max_ms, now)
+local function pace_release(site, id, start, outcome, rate, start_ms, min_ms, max_ms, rest_ms, now)
   local K = K_PACE
-  local s = redis.call('HMGET', K, 'iv', 'eff', 'run', 'bad', 'vote', 'probe', 'piv', 'pat', 'pn', 'prev', 'p:' .. id)
+  local s = redis.call('HMGET', K, 'iv', 'eff', 'run', 'bad', 'vote', 'probe', 'piv', 'pat', 'pn', 'prev', 'p:' .. id,
+    'pend', 'rest', 'firm', 'pls')
   local iv, eff = tonumber(s[1]), tonumber(s[2])
   local run, bad, vote = tonumber(s[3]) or 0, tonumber(s[4]) or 0, s[5] or ''
   local probe, piv, pat, pn = s[6] or '', tonumber(s[7]) or 0, tonumber(s[8]) or 0, tonumber(s[9]) or 0
-  local prev, last = tonumber(s[10]), s[11]
+  local prev, last, pend = tonumber(s[10]), s[11], tonumber(s[12]) or 0
+  local rest, firm, pls = tonumber(s[13]) or rest_ms, s[14] == '1', tonumber(s[15])
+  if rest < rest_ms then rest = rest_ms end
   if not iv or not eff then
     iv, eff = start_ms, now
     redis.call('HSET', K, 'iv', pace_ms(iv), 'chg', istr(now), 'eff', istr(now), 'run', 0, 'bad', 0, 'vote', '',
@@ -637,27 +677,40 @@ local function pace_release(site, id, start, outcome, rate, start_ms, min_ms, ma
       'probe', '')
     iv, eff, run, vote, probe = bounded, now + iv, 0, '', ''
   end
-  if not start then return iv, '', iv end
+  if not start then return iv, '', iv, last, rest end
   local event = ''
   local function change(new, what)
-    local before = ''
-    if what == 'down' then before = pace_ms(iv) end  -- provisional until PACE_LONE_RUN clean answers
+    local before, until_ms = '', 0
+    if what == 'down' then
+      -- Provisional for PACE_LONE_RUN clean answers, and until every proxy could have used the new
+      -- interval as often as its probe had to (a burst allowance runs out per IP).
+      before = pace_ms(iv)
+      until_ms = now + iv + probe_needed(new, iv, bad) * new
+    end
     redis.call('HSET', K, 'iv', pace_ms(new), 'chg', istr(now), 'eff', istr(now + iv), 'run', 0, 'vote', '',
-      'probe', '', 'prev', before)
+      'probe', '', 'prev', before, 'pend', istr(until_ms), 'firm', '')
     redis.call('HINCRBY', K, what, 1)
     iv, event, probe = new, what, ''
   end
-  if outcome == 'ok' and last ~= 'c' then redis.call('HSET', K, 'p:' .. id, 'c') end
-  if outcome == 'ban' and last ~= 'b' then redis.call('HSET', K, 'p:' .. id, 'b') end
+  if outcome == 'ok' then
+    if last == 'f' and rest > rest_ms then  -- back clean from the site's rest: it was long enough
+      rest = rest * PACE_REST_DECAY
+      if rest < rest_ms then rest = rest_ms end
+      redis.call('HSET', K, 'rest', istr(rest))
+    end
+    if last ~= 'c' then redis.call('HSET', K, 'p:' .. id, 'c') end
+  elseif outcome == 'ban' then
+    local mark = 'b'
+    if rate and last == 'c' then mark = 'f' end
+    if last ~= mark then redis.call('HSET', K, 'p:' .. id, mark) end
+  end
 
   if probe ~= '' and probe == id then
     -- The probe proxy's answer: its uses from the probe's start on are paced by piv.
     if outcome == 'ok' then
       if start >= pat then
-        pn = pn + 1
-        local needed = PACE_PROBE_RUN
-        if bad == 0 then needed = PACE_PROBE_RUN_FIRST end
-        if pn >= needed then change(piv, 'down') else redis.call('HSET', K, 'pn', pn) end
+        if pls and start - pls <= piv * PACE_PROBE_TIGHT then pn = pn + 1 end
+        if pn >= probe_needed(piv, iv, bad) then change(piv, 'down') else redis.call('HSET', K, 'pn', pn, 'pls', istr(start)) end
       end
     elseif outcome == 'ban' and rate and start >= pat then
       redis.call('HSET', K, 'bad', pace_ms(piv), 'probe', '')
@@ -670,23 +723,37 @@ local function pace_release(site, id, start, outcome, rate, start_ms, min_ms, ma
   elseif outcome == 'ok' then
     if start >= eff then
       run = run + 1
+      if not firm and not prev and run >= PACE_LONE_RUN then
+        redis.call('HSET', K, 'firm', '1')  -- a long clean run: failures here are marginal (see 'up')
+        firm = true
+      end
       local floor = min_ms
       if bad * (1 + PACE_MARGIN) > floor then floor = bad * (1 + PACE_MARGIN) end
       if probe ~= '' and now > pat + math.max(PACE_PROBE_MS, 20 * piv) then
         redis.call('HSET', K, 'probe', '')  -- its proxy was removed, or never came back
         probe = ''
       end
-      if probe == '' and not prev and run >= PACE_CLEAN_RUN and iv > floor + 0.01 then  -- (0.01: iv is kept to 3 decimals)
+      -- A probe only while requests wait for the site's slots (P:waiting:<site>, set by a lease that
+      -- answered WAIT in the last 6 s): a lower interval is useless, and untestable, when the crawl
+      -- does not use the one in force to the full.
+      if probe == '' and not prev and run >= PACE_CLEAN_RUN and iv > floor + 0.01  -- (0.01: iv is kept to 3 decimals)
+          and redis.call('EXISTS', K_WAITING) == 1 then
         local new = iv * PACE_DOWN
+        if bad == 0 then new = iv * PACE_DOWN_FIRST end
         if new < floor then new = floor end
-        redis.call('HSET', K, 'probe', id, 'piv', pace_ms(new), 'pat', istr(now), 'pn', 0, 'run', 0)
+        redis.call('HSET', K, 'probe', id, 'piv', pace_ms(new), 'pat', istr(now), 'pn', 0, 'run', 0,
+          'pls', istr(start))
         probe, piv, event = id, new, 'probe'
       elseif probe == '' and bad > 0 and run >= PACE_FORGET_RUN then
         redis.call('HSET', K, 'bad', pace_ms(bad * PACE_FORGET), 'run', 0, 'vote', '')
         redis.call('HINCRBY', K, 'forget', 1)
         event = 'forget'
-      elseif (vote ~= '' or prev) and run >= PACE_LONE_RUN then
-        redis.call('HSET', K, 'run', run, 'vote', '', 'prev', '')
+      elseif (vote ~= '' or (prev and now >= pend)) and run >= PACE_LONE_RUN then
+        if prev and now >= pend then
+          redis.call('HSET', K, 'run', run, 'vote', '', 'prev', '')
+        else
+          redis.call('HSET', K, 'run', run, 'vote', '')
+        end
       else
         redis.call('HSET', K, 'run', run)
       end
@@ -697,7 +764,10 @@ local function pace_release(site, id, start, outcome, rate, start_ms, min_ms, ma
       if iv > bad then redis.call('HSET', K, 'bad', pace_ms(iv)) end
       change(prev, 'back')
     elseif votes and ((vote ~= '' and vote ~= id) or redis.call('HLEN', K_PROXIES) < 2) then
+      -- From a firm interval the site's limit is just below it (path jitter, a slightly stricter rule):
+      -- a small step; from an interval that never ran clean for long, a large one.
       local new = iv * PACE_UP
+      if firm then new = iv * PACE_UP_FIRM end
       if new > max_ms then new = max_ms end
       if iv > bad then redis.call('HSET', K, 'bad', pace_ms(iv)) end
       change(new, 'up')
@@ -707,6 +777,6 @@ local function pace_release(site, id, start, outcome, rate, start_ms, min_ms, ma
       event = 'skip'
     end
   end
-  if probe ~= '' and probe == id then return piv, event, iv end
-  return iv, event, iv
+  if probe ~= '' and probe == id then return piv, event, iv, last, rest end
+  return iv, event, iv, last, rest
 end

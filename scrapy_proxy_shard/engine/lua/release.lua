@@ -77,13 +77,13 @@ local status = 'OK'
 local record = redis.call('HGET', K_SITE, member)  -- the slot's held record (read once)
 
 -- Adaptive pacing: this answer updates the site's learned interval, which then paces the slot.
-local pace_iv, pace_event = '', ''
+local pace_iv, pace_event, last_answer, site_rest = '', '', nil, nil
 if ARGV[19] == '1' then
   local start = nil
   if held_with(record, token) then start = lease_start(record) end
   local paced, learned
-  paced, pace_event, learned = pace_release(site, id, start, outcome, ARGV[24] == '1', tonumber(ARGV[20]),
-    tonumber(ARGV[21]), tonumber(ARGV[22]), now)
+  paced, pace_event, learned, last_answer, site_rest = pace_release(site, id, start, outcome, ARGV[24] == '1',
+    tonumber(ARGV[20]), tonumber(ARGV[21]), tonumber(ARGV[22]), tonumber(ARGV[11]), now)
   interval = math.floor(paced * tonumber(ARGV[23]) + 0.5)
   pace_iv = pace_ms(learned)
   redis.call('PEXPIRE', K_PACE, PACE_KEEP_MS)  -- a learned pace outlives restarts, not a dead site
@@ -149,8 +149,20 @@ elseif outcome == 'ban' or outcome == 'dead' then
   redis.call('HINCRBY', K_SSTATS, site .. ':banned', 1)
   local started = 0
   if not (outcome == 'ban' and spare) then  -- spared: the site's breaker is open or half-open
-    ban_until, strikes, started = ban(scope, id, ARGV[10], tonumber(ARGV[11]), tonumber(ARGV[12]),
-      tonumber(ARGV[13]), tonumber(ARGV[14]), now)
+    -- A rate ban under adaptive pacing of a proxy that answered clean last time blames the pace (it is
+    -- slowed): the IP rests for the site's rest, from the first strike. Banned again right after that
+    -- rest, the site blocks the IP for longer: the quarantine escalates from the site's rest, which
+    -- becomes the escalated length (pace_release brings it down again as proxies come back clean).
+    local rate_rest = ARGV[24] == '1' and site_rest and (last_answer == 'c' or last_answer == 'f')
+    local base = tonumber(ARGV[11])
+    if rate_rest then base = site_rest end
+    ban_until, strikes, started = ban(scope, id, ARGV[10], base, tonumber(ARGV[12]),
+      tonumber(ARGV[13]), tonumber(ARGV[14]), now, rate_rest and last_answer == 'c')
+    if rate_rest and last_answer == 'f' and started == 1 and strikes == 2 then
+      local longer = base * 2
+      if longer > tonumber(ARGV[12]) then longer = tonumber(ARGV[12]) end
+      redis.call('HSET', K_PACE, 'rest', istr(longer))
+    end
   end
   if outcome == 'ban' and started == 1 and breaker then
     event = breaker_evidence(site, id, ARGV[10], now, breaker)
