@@ -10,6 +10,9 @@ One run starts its own throwaway redis-server (``RedisServer``), builds pools of
   (each with its own client), the N processes either on N distinct sites or all on one shared site;
 * the ceiling, measured with the same client shape and process count: a registered ``return 1``
   script, one call per round trip, and two calls per cycle (a cycle is two round trips);
+* the same in one process with ``--tasks`` asyncio tasks (default 64) sharing one ``AsyncPoolStore``
+  over ``redis.asyncio.Redis(decode_responses=True)`` (what the middlewares use), against its own
+  ceiling: the same tasks calling ``return 1`` on the same client, slices interleaved;
 * bytes Redis sends and receives per lease and per release (``INFO stats`` net byte counters) and
   the server CPU per call (``INFO commandstats``), at every pool size;
 * redis-server ``used_memory`` per proxy (``INFO memory`` deltas, cross-checked by MEMORY USAGE).
@@ -27,6 +30,7 @@ reported separately.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import multiprocessing as mp
 import os
 import platform
@@ -38,10 +42,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
+import redis.asyncio
 
 from scrapy_proxy_shard.demo.redis_server import RedisServer
 from scrapy_proxy_shard.engine import schema as keys
-from scrapy_proxy_shard.engine.store import Lease, PoolStore
+from scrapy_proxy_shard.engine.store import AsyncPoolStore, Lease, PoolStore
 
 SIZES = (500, 10_000, 100_000)
 NAMESPACE = "bench"
@@ -154,6 +159,84 @@ def measure(ctx: Any, url: str, jobs: list[list[tuple[str, str, str]]], warmup: 
     for i in range(len(jobs[0])):
         own = sorted(counts[i] / spent[i] for counts, spent, _ in out)
         rates.append(Rate(sum(own), own))
+    return rates
+
+
+# --- one process, many asyncio tasks --------------------------------------------------------------
+
+def _async_worker(url: str, jobs: list[tuple[str, str, str]], tasks: int, warmup: float, seconds: float,
+                  slice_s: float, results: Any) -> None:
+    """``tasks`` asyncio tasks on one ``AsyncPoolStore`` (one client), every job of ``jobs`` in turn in
+    interleaved slices; puts (ops/s per job, None) or ([], error)."""
+
+    async def run() -> list[float]:
+        client = redis.asyncio.Redis.from_url(url, decode_responses=True, max_connections=tasks + 8)
+        try:
+            store = AsyncPoolStore(client, namespace=NAMESPACE, host_id=f"bench-async-{os.getpid()}")
+            script = client.register_script(TRIVIAL_SCRIPT)
+
+            def make(kind: str, pool: str, site: str) -> Any:
+                if kind == "trivial1":
+                    trivial_keys = [keys.pool_prefix(NAMESPACE, pool)]
+                    return lambda: script(keys=trivial_keys)
+
+                async def cycle() -> None:
+                    lease = await store.lease(pool, site, ttl=LEASE_TTL)
+                    if not isinstance(lease, Lease):
+                        raise RuntimeError(f"async lease on {pool}/{site} found no free slot: {lease}")
+                    result = await store.release(lease, outcome="ok", latency=LATENCY, min_interval=0.0)
+                    if result.status != "ok":
+                        raise RuntimeError(f"async release on {pool}/{site} answered {result.status!r}")
+
+                return cycle
+
+            ops = [make(*job) for job in jobs]
+
+            async def window(op: Any, until: float) -> int:
+                async def task() -> int:
+                    n = 0
+                    while time.perf_counter() < until:
+                        await op()
+                        n += 1
+                    return n
+
+                return sum(await asyncio.gather(*(task() for _ in range(tasks))))
+
+            for op in ops:
+                await window(op, time.perf_counter() + warmup)
+            counts, spent = [0] * len(ops), [0.0] * len(ops)
+            for sweep in range(max(1, round(seconds / slice_s))):
+                for i in (*range(sweep % len(ops), len(ops)), *range(sweep % len(ops))):
+                    start = time.perf_counter()
+                    counts[i] += await window(ops[i], start + slice_s)
+                    spent[i] += time.perf_counter() - start  # includes the slowest task's last op
+            return [c / t for c, t in zip(counts, spent, strict=True)]
+        finally:
+            await client.aclose()
+
+    try:
+        results.put((asyncio.run(run()), None))
+    except Exception as exc:  # reported by the parent, which fails the run
+        results.put(([], f"{type(exc).__name__}: {exc}"))
+
+
+def measure_async(ctx: Any, url: str, jobs: list[tuple[str, str, str]], tasks: int, warmup: float,
+                  seconds: float, slice_s: float) -> list[float]:
+    """ops/s of each job of ``jobs`` with ``tasks`` asyncio tasks in one fresh process."""
+    results = ctx.Queue()
+    proc = ctx.Process(target=_async_worker, args=(url, jobs, tasks, warmup, seconds, slice_s, results),
+                       daemon=True)
+    proc.start()
+    try:
+        rates, error = results.get(timeout=len(jobs) * (warmup + seconds) + 180)
+    except queue.Empty:
+        raise RuntimeError("the asyncio worker process gave no result") from None
+    finally:
+        proc.join(timeout=30)
+        if proc.is_alive():
+            proc.terminate()
+    if error:
+        raise RuntimeError(f"asyncio worker failed: {error}")
     return rates
 
 
@@ -380,6 +463,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="OS processes of the multi-process measurements (default 4)")
     parser.add_argument("--repeat", type=int, default=None,
                         help="repetitions of the whole timed schedule, averaged (default 2, or 1 with --quick)")
+    parser.add_argument("--tasks", type=int, default=64,
+                        help="asyncio tasks of the one-process AsyncPoolStore measurement (default 64)")
     parser.add_argument("--sizes", default=",".join(str(s) for s in SIZES),
                         help="comma-separated pool sizes (default 500,10000,100000)")
     args = parser.parse_args(argv)
@@ -400,7 +485,7 @@ def main(argv: list[str] | None = None) -> int:
     nproc, sizes = args.processes, args.sizes
     small, large = sizes[0], sizes[-1]
     ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-    sites = ["solo", *(f"d{i}" for i in range(nproc)), "shared"]
+    sites = ["solo", *(f"d{i}" for i in range(nproc)), "shared", "tasks"]
     modes = [("1", "1 proc", ["solo"]),
              ("distinct", f"{nproc} proc, distinct sites", [f"d{i}" for i in range(nproc)]),
              ("shared", f"{nproc} proc, shared site", ["shared"] * nproc)]
@@ -408,6 +493,7 @@ def main(argv: list[str] | None = None) -> int:
     began = time.perf_counter()
     load_before = os.getloadavg()[0]
     runs: list[dict[str, list[Rate]]] = []
+    async_runs: list[list[float]] = []  # per repetition: `return 1` calls/s, then cycles/s per pool size
 
     with RedisServer() as server:
         admin = redis.Redis.from_url(server.url, decode_responses=True)
@@ -429,6 +515,9 @@ def main(argv: list[str] | None = None) -> int:
                          *(("cycle", setups[size].pool, site) for size in sizes)] for site in own_sites]
                 run[mode] = measure(ctx, server.url, jobs, args.warmup, args.seconds, args.slice)
             runs.append(run)
+            async_jobs = [("trivial1", first_pool, "solo"), *(("cycle", setups[size].pool, "tasks") for size in sizes)]
+            async_runs.append(measure_async(ctx, server.url, async_jobs, args.tasks, args.warmup, args.seconds,
+                                            args.slice))
 
         rounds = 3 if args.quick else 16
         costs, trivial_cost = measure_calls(admin, store, setups, "solo", rounds)
@@ -516,6 +605,21 @@ def main(argv: list[str] | None = None) -> int:
     for mode, label, _ in modes:
         ratio_row(f"cycles/s / 2 x `return 1` cycles/s @ {n0(large)}", label,
                   lambda run, m=mode: rate(m, large, run) / rate(m, "trivial2", run), None)
+    tasks_label = f"1 proc, {args.tasks} asyncio tasks"
+    for i, size in enumerate(sizes):  # the asyncio figure: same target as the processes'
+        value = 2 * sum(r[1 + i] for r in async_runs) / sum(r[0] for r in async_runs)
+        ok = value >= CEILING_TARGET
+        misses += not ok
+        rows.append([f"2 x cycles/s / `return 1` calls/s @ {n0(size)}", tasks_label, f"{value:.2f}",
+                     ", ".join(f"{2 * r[1 + i] / r[0]:.2f}" for r in async_runs) if len(async_runs) > 1 else "",
+                     f">= {CEILING_TARGET}", verdict(ok)])
+    print(f"\n{tasks_label} (AsyncPoolStore over redis.asyncio, one client; its own `return 1` ceiling with the "
+          "same tasks and client)")
+    print(table(["pool size", "cycles/s", "`return 1` calls/s", "2 x cycles/s / calls/s", "runs"],
+                [[n0(size), n0(statistics.mean(r[1 + i] for r in async_runs)),
+                  n0(statistics.mean(r[0] for r in async_runs)),
+                  f"{2 * sum(r[1 + i] for r in async_runs) / sum(r[0] for r in async_runs):.2f}",
+                  ", ".join(f"{2 * r[1 + i] / r[0]:.2f}" for r in async_runs)] for i, size in enumerate(sizes)]))
     print("\nRatios (value over the averaged runs; each run in brackets)")
     print(table(["ratio", "processes", "value", "runs", "target", ""], rows))
 

@@ -342,7 +342,9 @@ class ShardSettings:
             rest_after_response=_number(get, "PROXY_SHARD_REST_AFTER_RESPONSE", minimum=0.0, maximum=MAX_INTERVAL),
             randomize_interval=_boolean(s, "PROXY_SHARD_RANDOMIZE_INTERVAL"),
         )
-        autothrottle = _autothrottle(get, None, _AUTOTHROTTLE_SETTINGS, _boolean(s, "PROXY_SHARD_AUTOTHROTTLE_ENABLED"))
+        autothrottle_ban_ttl = _number(get, "PROXY_SHARD_AUTOTHROTTLE_BAN_TTL", minimum=0.001, maximum=MAX_BAN_TTL)
+        autothrottle = _autothrottle(get, None, _AUTOTHROTTLE_SETTINGS, _boolean(s, "PROXY_SHARD_AUTOTHROTTLE_ENABLED"),
+                                     ban_ttl=autothrottle_ban_ttl)
         concurrency = pacing.concurrency
         session_ttl = _number(get, "PROXY_SHARD_SESSION_TTL", minimum=0.001, maximum=MAX_SESSION_TTL)
         bans = BanOptions(
@@ -376,7 +378,7 @@ class ShardSettings:
             randomize_interval=pacing.randomize_interval,
             autothrottle=autothrottle,
             autothrottle_ban_reasons=_reasons(get, "PROXY_SHARD_AUTOTHROTTLE_BAN_REASONS"),
-            autothrottle_ban_ttl=_number(get, "PROXY_SHARD_AUTOTHROTTLE_BAN_TTL", minimum=0.001, maximum=MAX_BAN_TTL),
+            autothrottle_ban_ttl=autothrottle_ban_ttl,
             session_ttl=session_ttl,
             site_idle_ttl=site_idle_ttl,
             sites=sites,
@@ -631,15 +633,19 @@ def _site_breakers(entries: list[tuple[str, str, dict[str, Any]]],
 
 
 def _autothrottle(get, base: AutothrottleOptions | None, names: Mapping[str, str],
-                  enabled: bool) -> AutothrottleOptions:
+                  enabled: bool, ban_ttl: float | None = None) -> AutothrottleOptions:
     """Adaptive pacing bounds read through ``get`` under ``names`` (field -> setting name), ``base``'s where
-    unset. Every bound is above 0 (a raise multiplies the interval) and START within [MIN, MAX]."""
+    unset. Every bound is above 0 (a raise multiplies the interval) and START within [MIN, MAX]. The rest
+    after a rate ban is ``ban_ttl``, else ``base``'s (one setting for every site)."""
     def one(field_name: str) -> float:
         return _number(get, names[field_name], base and getattr(base, field_name), minimum=0.001,
                        maximum=MAX_INTERVAL)
 
+    if ban_ttl is None:
+        ban_ttl = base.ban_ttl if base is not None else AutothrottleOptions.ban_ttl
     options = AutothrottleOptions(enabled=enabled, start_interval=one("start_interval"),
-                                  min_interval=one("min_interval"), max_interval=one("max_interval"))
+                                  min_interval=one("min_interval"), max_interval=one("max_interval"),
+                                  ban_ttl=ban_ttl)
     if options.min_interval > options.max_interval:
         raise SettingError(f"{names['min_interval']} ({options.min_interval!r}) must be <= {names['max_interval']} "
                            f"({options.max_interval!r})")

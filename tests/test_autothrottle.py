@@ -341,9 +341,9 @@ def test_settings_defaults_and_per_site_overrides():
         "PROXY_SHARD_SITES": {"slow.example": {"autothrottle_start_interval": 5, "autothrottle_max_interval": 10},
                               "off.example": {"autothrottle_enabled": False}},
     })
-    assert s.site_options("slow.example").autothrottle == AutothrottleOptions(True, 5.0, 0.2, 10.0)
+    assert s.site_options("slow.example").autothrottle == AutothrottleOptions(True, 5.0, 0.2, 10.0, ban_ttl=5.0)
     assert s.site_options("off.example").autothrottle is None
-    assert s.site_options("other.example").autothrottle == AutothrottleOptions(True, 1.0, 0.2, 60.0)
+    assert s.site_options("other.example").autothrottle == AutothrottleOptions(True, 1.0, 0.2, 60.0, ban_ttl=5.0)
     assert s.autothrottle_ban_reasons == {"http_429", "http_403"} and s.autothrottle_ban_ttl == 5.0
 
 
@@ -397,11 +397,12 @@ def test_converges_on_a_real_redis_server(real_redis):
 
 def test_a_rate_ban_after_a_clean_answer_rests_the_ip_from_the_first_strike(fake_redis, fake_clock):
     """The pace takes the blame for a rate ban that follows a clean answer (it is raised), so the IP
-    rests for the site's rest (AUTOTHROTTLE_BAN_TTL at first) from the first strike each time; rate bans
-    in a row (the site blocks the IP, not the pace) escalate like any ban (BANS: 1 s, doubling up to
-    4 s), and so does a ban that is not rate-type whatever came before."""
-    store = PoolStore(fake_redis, namespace="t", host_id="h", bans=BANS)
-    at = AutothrottleOptions(enabled=True, start_interval=0.1, min_interval=0.01, max_interval=1.0)
+    rests for the site's rest (AUTOTHROTTLE_BAN_TTL, 1 s, at first) from the first strike each time;
+    rate bans in a row (the site blocks the IP, not the pace) escalate like any ban, and a ban that is
+    not rate-type escalates from BAN_TTL (here 5 s, doubling up to 20 s) whatever came before."""
+    store = PoolStore(fake_redis, namespace="t", host_id="h",
+                      bans=BanOptions(ttl=5.0, max_ttl=20.0, jitter=0.0, strike_window=60.0, dead_ttl=5.0))
+    at = AutothrottleOptions(enabled=True, start_interval=0.1, min_interval=0.01, max_interval=1.0, ban_ttl=1.0)
 
     def rests(pattern: str, rate_ban: bool = True) -> list[float]:
         """Answer one lease per letter (c clean, b ban); the quarantine length of each ban."""
@@ -416,9 +417,9 @@ def test_a_rate_ban_after_a_clean_answer_rests_the_ip_from_the_first_strike(fake
             assert isinstance(lease, Lease), lease
             if answer == "c":
                 result = store.release(lease, outcome="ok", autothrottle=at)
-            else:
+            else:  # as the runtime does: a rate ban's quarantine starts from AUTOTHROTTLE_BAN_TTL
                 result = store.release(lease, outcome="ban", reason="http_429", autothrottle=at,
-                                       rate_ban=rate_ban, ban_ttl=1.0)
+                                       rate_ban=rate_ban, ban_ttl=at.ban_ttl if rate_ban else None)
                 got.append(round(result.ban_until - result.now, 3))
                 fake_clock.sleep(result.ban_until - result.now + 0.01)
             fake_clock.sleep(1.0)  # past any pace: the next lease is the proxy's next answer
@@ -427,8 +428,9 @@ def test_a_rate_ban_after_a_clean_answer_rests_the_ip_from_the_first_strike(fake
     assert rests("cbcbcb") == [1.0, 1.0, 1.0]
     assert rests("cbbb") == [1.0, 2.0, 4.0]
     assert rests("bbcb") == [1.0, 2.0, 1.0]
-    assert rests("cbcbcb", rate_ban=False) == [1.0, 2.0, 4.0]
+    assert rests("cbcbcb", rate_ban=False) == [5.0, 10.0, 20.0]
     # The site's rest is learned: banned again right after a 1 s rest, the site blocks IPs for longer,
     # so the next proxy rate-banned after a clean answer rests 2 s; each one that comes back clean
     # from that rest shortens it by 10%, never below AUTOTHROTTLE_BAN_TTL.
     assert rests("cbbcbcbcb") == [1.0, 2.0, 2.0, 1.8, 1.62]
+    assert rests("cbbcbcbcbcbcbcbcbcbcb")[-3:] == [1.062, 1.0, 1.0]  # 2 x 0.9^6, then the floor

@@ -121,6 +121,8 @@ class ShardRuntime:
         self._held: dict[str, Lease] = {}
         self._gate = _Gate()
         self._learned: dict[str, float] = {}  # adaptive pacing: site -> the last learned interval seen
+        self._site_options: dict[str, Any] = {}  # site -> settings.site_options(site), for options_of
+        self._site_options_of: ShardSettings | None = None  # the settings those were read from
         self._stopping: asyncio.Event | None = None  # set when the crawl stops (see _stopping_event)
         self._watcher: asyncio.Future | None = None
         self._waiters = 0  # requests inside _until; the watcher runs only while there are some
@@ -299,11 +301,24 @@ class ShardRuntime:
         platform = platform_of(site_of_request(request), self.settings.platforms) if self.settings.platforms else None
         return platform_pool(pool, platform) if platform else pool
 
+    def options_of(self, site: str) -> Any:
+        """``settings.site_options(site)``, read once per site (every request asks for its site's)."""
+        cache = self._site_options
+        if self._site_options_of is not self.settings:
+            cache.clear()
+            self._site_options_of = self.settings
+        options = cache.get(site)
+        if options is None:
+            if len(cache) >= 4096:
+                cache.clear()
+            options = cache[site] = self.settings.site_options(site)
+        return options
+
     def _pacing(self, site: str, reason: str | None = None) -> dict[str, Any]:
         """The site's pacing as ``release`` keywords (the store applies the law and the randomization).
         With adaptive pacing, whether a ban of ``reason`` is rate-type (it may raise the learned interval;
         its quarantine then starts at PROXY_SHARD_AUTOTHROTTLE_BAN_TTL)."""
-        o = self.settings.site_options(site)
+        o = self.options_of(site)
         kw = {"min_interval": o.min_interval, "rest_after_response": o.rest_after_response,
               "randomize_interval": o.randomize_interval}
         if o.autothrottle is not None and o.autothrottle.enabled:
@@ -316,7 +331,7 @@ class ShardRuntime:
     def interval_of(self, site: str) -> float:
         """The start-to-start interval paced on ``site``: the configured one, or with adaptive pacing the
         last learned value this host saw (its start interval before any)."""
-        o = self.settings.site_options(site)
+        o = self.options_of(site)
         if o.autothrottle is not None and o.autothrottle.enabled:
             return self._learned.get(site, o.autothrottle.start_interval)
         return o.min_interval
@@ -372,7 +387,7 @@ class ShardRuntime:
                           deadline: float) -> Lease:
         """Ask the store until it hands out a lease; every pass waits at least MIN_PAUSE (cannot spin)."""
         s = self.settings
-        concurrency = s.site_options(site).concurrency
+        concurrency = self.options_of(site).concurrency
         loop = asyncio.get_running_loop()
         restored = False
         waits = 0
@@ -570,7 +585,7 @@ class ShardRuntime:
         Any pause lasts at least MIN_PAUSE, whatever the engine answered (never a busy loop).
         """
         pause = max(MIN_PAUSE, min(wait.wait, remaining))
-        o = self.settings.site_options(site)
+        o = self.options_of(site)
         interval = self.interval_of(site)
         if o.autothrottle is not None and o.autothrottle.enabled:
             interval *= 1.5  # another host may have raised it once since this host last saw it

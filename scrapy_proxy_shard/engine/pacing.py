@@ -14,12 +14,14 @@ __all__ = ["AutothrottleOptions", "PaceState"]
 @dataclass(frozen=True)
 class AutothrottleOptions:
     """One site's adaptive pacing (seconds): the learned start-to-start interval starts at
-    ``start_interval`` and stays within [``min_interval``, ``max_interval``]."""
+    ``start_interval`` and stays within [``min_interval``, ``max_interval``]; ``ban_ttl`` is the shortest
+    rest of a proxy after a rate ban that followed a clean answer (the site's learned rest starts there)."""
 
     enabled: bool
     start_interval: float
     min_interval: float
     max_interval: float
+    ban_ttl: float = 1.0
 
 
 @dataclass(frozen=True)

@@ -27,9 +27,9 @@ import math
 import random
 import secrets
 import time
-from collections.abc import Callable, Generator, Iterable
+from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import redis
 import redis.asyncio
@@ -229,19 +229,37 @@ class HostRecord:
 
 # --- requests a plan yields -------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class _Script:
+class _Script(NamedTuple):
+    """A Lua script call: the script's name, its KEYS (str, or bytes the client encoded) and its ARGV."""
+
     name: str
-    keys: tuple[str, ...]
-    args: tuple[Any, ...]
+    keys: Sequence[Any]
+    args: Sequence[Any]
 
 
-@dataclass(frozen=True)
-class _Command:
+class _Command(NamedTuple):
     args: tuple[Any, ...]
 
 
 Plan = Generator[Any, Any, Any]
+
+
+class _Continue:
+    """What a one-request operation's reply handler returns when the call goes on as a plan (a lease
+    that met a pool to migrate): the store drives ``plan`` to its end."""
+
+    __slots__ = ("plan",)
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+
+
+#: Per-store caches of per-(pool, site) work are emptied when they reach this many entries.
+CACHE_ENTRIES = 4096
+#: The KEYS whose lists lease and release build from a per-(pool, site) template (see ``_call_keys``).
+_TEMPLATED = ("lease", "release")
+#: ``repr`` of a release's interval factor when the interval is not randomized.
+_NO_FACTOR = repr(1.0)
 
 
 class _StoreBase:
@@ -287,9 +305,57 @@ class _StoreBase:
         self.site_idle_ms = _ms(site_idle_ttl, "site_idle_ttl")
         #: The site circuit breaker's options per site (None: off), as release.lua's packed argument.
         self._breakers = breakers
+        # Per-call work done once (the hot path: lease + release, see ``_call_keys``).
+        self._prefixes: dict[str, str] = {}  # pool -> its key prefix
+        self._key_templates: dict[tuple[str, str, str], tuple | None] = {}
+        self._encode_key = _key_encoder(client)
+        self._packed: dict[int, tuple[BreakerOptions, str]] = {}  # id(options) -> (options, packed)
+        self._quiet_ban: tuple[BanOptions, tuple] | None = None  # (options, a non-ban release's ban args)
 
     def prefix(self, pool: str) -> str:
-        return keys.pool_prefix(self.namespace, keys.check_name("pool", pool))
+        cached = self._prefixes.get(pool) if type(pool) is str else None
+        if cached is not None:
+            return cached
+        made = keys.pool_prefix(self.namespace, keys.check_name("pool", pool))
+        if len(self._prefixes) >= CACHE_ENTRIES:
+            self._prefixes.clear()
+        self._prefixes[pool] = made
+        return made
+
+    def _call_keys(self, name: str, prefix: str, site: str, session: str, token: str) -> list:
+        """``keyset.script_keys(name, prefix, site, session=..., token=...)``, from a template made once
+        per (script, pool, site): its fixed keys already encoded the way the client would encode them,
+        the memo and session keys filled in."""
+        entry = self._key_templates.get((name, prefix, site), False)
+        if entry is False:
+            entry = self._key_template(name, prefix, site)
+        if entry is None:
+            return keyset.script_keys(name, prefix, site, session=session, token=token)
+        template, memo_at, memo_head, session_at, session_head = entry
+        out = template.copy()
+        out[memo_at] = memo_head + token
+        if session_at >= 0:
+            out[session_at] = session_head + session
+        return out
+
+    def _key_template(self, name: str, prefix: str, site: str) -> tuple | None:
+        """The template ``_call_keys`` fills in, checked against ``keyset`` (None: build every call's
+        keys with ``keyset.script_keys``, e.g. a script whose KEYS have another shape)."""
+        token, session = "\x00token", "\x00session"
+        names = keyset.script_keys(name, prefix, site, session=session, token=token)
+        memo_head, session_head = keys.memo_key(prefix, name, ""), keys.session_key(prefix, site, "")
+        memo_at = [i for i, key in enumerate(names) if key == memo_head + token]
+        session_at = [i for i, key in enumerate(names) if key == session_head + session]
+        entry = None
+        if (name in _TEMPLATED and len(memo_at) == 1 and len(session_at) <= 1
+                and not any(token in key or session in key
+                            for i, key in enumerate(names) if i not in memo_at + session_at)):
+            template = [key if i in memo_at + session_at else self._encode_key(key) for i, key in enumerate(names)]
+            entry = (template, memo_at[0], memo_head, session_at[0] if session_at else -1, session_head)
+        if len(self._key_templates) >= CACHE_ENTRIES:
+            self._key_templates.clear()
+        self._key_templates[(name, prefix, site)] = entry
+        return entry
 
     # --- leasing -------------------------------------------------------------------------------
     def lease(self, pool: str, site: str, *, ttl: float, concurrency: int = 1,
@@ -298,28 +364,34 @@ class _StoreBase:
 
         Returns a ``Lease`` or a ``LeaseWait``; raises ``UnknownPoolError`` for an empty pool.
         """
-        return self._drive(self._lease(pool, site, ttl, concurrency, session_id, session_ttl))
+        return self._run(self._lease_request, self._lease_done, pool, site, ttl, concurrency, session_id,
+                         session_ttl)
 
-    def _lease(self, pool, site, ttl, concurrency, session_id, session_ttl) -> Plan:
+    def _lease_request(self, pool, site, ttl, concurrency, session_id, session_ttl) -> _Script:
         token = self._token()
-        prefix = self.prefix(pool)
-        request = _Script("lease", keyset.script_keys("lease", prefix, site, session=session_id or "", token=token), (
-            site, int(concurrency), _ms(ttl, "ttl"), token, self.host_id, session_id or "",
+        session = session_id or ""
+        return _Script("lease", self._call_keys("lease", self.prefix(pool), site, session, token), (
+            site, int(concurrency), _ms(ttl, "ttl"), token, self.host_id, session,
             _ms(max(session_ttl, ttl), "session_ttl"), self.site_idle_ms,
         ))
-        reply = yield request
+
+    def _lease_done(self, reply, request, pool, site, ttl, concurrency, session_id, session_ttl):
         if reply[0] == "MIGRATE":
-            yield from self._migrate(pool)
-            reply = yield request
-            if reply[0] == "MIGRATE":  # another host reset it meanwhile (an older version): ask again soon
-                return LeaseWait(0.001, "pool")
+            return _Continue(self._lease_migrated(request, pool, site, session_id))
+        return self._lease_result(reply, pool, site, session_id)
+
+    def _lease_migrated(self, request, pool, site, session_id) -> Plan:
+        yield from self._migrate(pool)
+        reply = yield request
+        if reply[0] == "MIGRATE":  # another host reset it meanwhile (an older version): ask again soon
+            return LeaseWait(0.001, "pool")
+        return self._lease_result(reply, pool, site, session_id)
+
+    def _lease_result(self, reply, pool, site, session_id) -> Lease | LeaseWait:
         status = reply[0]
         if status == "OK":
-            return Lease(
-                pool=pool, site=site, proxy_id=reply[1], proxy_url=reply[2], member=reply[3],
-                token=reply[4], expires_at=int(reply[5]) / 1000, issued_at=int(reply[6]) / 1000,
-                session_id=session_id, rebound=bool(int(reply[8])),
-            )
+            return Lease(pool, site, reply[1], reply[2], reply[3], reply[4], int(reply[5]) / 1000,
+                         int(reply[6]) / 1000, session_id, bool(int(reply[8])))
         if status == "WAIT":
             return LeaseWait(int(reply[1]) / 1000, reply[2])
         if status == "EMPTY":
@@ -360,43 +432,54 @@ class _StoreBase:
         ``min_interval`` (randomized the same way); this answer updates it first: ``rate_ban`` says the
         ban is rate-type (a 429, a challenge...), which may raise it; clean answers lower it.
         """
-        return self._drive(self._release(lease, outcome, latency, min_interval, reason,
-                                         session_ttl, ban_ttl, rest_after_response, randomize_interval,
-                                         autothrottle, rate_ban))
+        return self._run(self._release_request, self._release_done, lease, outcome, latency, min_interval, reason,
+                         session_ttl, ban_ttl, rest_after_response, randomize_interval, autothrottle, rate_ban)
 
-    def _release(self, lease, outcome, latency, min_interval, reason, session_ttl, ban_ttl,
-                 rest_after_response=0.0, randomize_interval=False, autothrottle=None, rate_ban=False) -> Plan:
+    def _release_request(self, lease, outcome, latency, min_interval, reason, session_ttl, ban_ttl,
+                         rest_after_response=0.0, randomize_interval=False, autothrottle=None,
+                         rate_ban=False) -> _Script:
         if outcome not in OUTCOMES:
             raise ValueError(f"outcome must be one of {OUTCOMES}, got {outcome!r}")
         adaptive = autothrottle is not None and autothrottle.enabled
-        # A rate ban under adaptive pacing blames the pace (which is raised), not the IP: release.lua
-        # starts its short quarantine (AUTOTHROTTLE_BAN_TTL) from the first strike when the proxy's
-        # previous answer on the site was clean, and escalates it up to the cap when it was a ban.
-        ban_args = self._ban_args(outcome == "dead", ban_ttl)
+        if outcome == "ban" or outcome == "dead" or ban_ttl is not None:
+            # A rate ban under adaptive pacing blames the pace (which is raised), not the IP: release.lua
+            # rests the IP for the site's learned rest from the first strike when the proxy's previous
+            # answer on the site was clean, and escalates as usual when it was a ban.
+            ban_args = self._ban_args(outcome == "dead", ban_ttl)
+        else:  # release.lua reads them only for a ban: valid values, no jitter drawn
+            ban_args = self._quiet_ban_args()
         interval = _ms(min_interval, "min_interval")
         factor = 1.0
         if randomize_interval:
             factor = 0.5 + self._random()  # [0.5, 1.5) x, like Scrapy's
             interval = round(interval * factor)
-        pace_args = (
-            "1" if adaptive else "0",
-            *(max(1, _ms(getattr(autothrottle, name), name)) if adaptive else 1
-              for name in ("start_interval", "min_interval", "max_interval")),
-            repr(factor), "1" if adaptive and rate_ban and outcome == "ban" else "0",
-        )
-        reply = yield _Script("release", keyset.script_keys(
-            "release", self.prefix(lease.pool), lease.site, session=lease.session_id or "", token=lease.token), (
-            lease.site, lease.member, lease.token, outcome,
+        if adaptive:
+            pace_args = (
+                "1", *(max(1, _ms(getattr(autothrottle, name), name))
+                       for name in ("start_interval", "min_interval", "max_interval")),
+                repr(factor), "1" if rate_ban and outcome == "ban" else "0",
+                max(1, _ms(autothrottle.ban_ttl, "autothrottle ban_ttl")),
+            )
+        else:
+            pace_args = ("0", 1, 1, 1, _NO_FACTOR if factor == 1.0 else repr(factor), "0", 1)
+        session = lease.session_id or ""
+        token = lease.token
+        site = lease.site
+        return _Script("release", self._call_keys("release", self.prefix(lease.pool), site, session, token), (
+            site, lease.member, token, outcome,
             -1 if latency is None else max(0, round(latency * 1000)),
-            interval, self.host_id, lease.session_id or "",
+            interval, self.host_id, session,
             _ms(max(session_ttl, 0.001)), _reason(reason or outcome), *ban_args,
             repr(float(self.ewma_alpha)), _ms(rest_after_response, "rest_after_response"),
-            self._breaker_arg(lease.site), self.site_idle_ms, *pace_args,
+            self._breaker_arg(site), self.site_idle_ms, *pace_args,
         ))
+
+    def _release_done(self, reply, request, *_) -> ReleaseResult:
         until = int(reply[2])
+        breaker = _breaker_event(reply[4:10]) if len(reply) > 4 and reply[4] else None
         learned = reply[10] if len(reply) > 10 else ""
         return ReleaseResult(reply[0].lower(), int(reply[1]) / 1000,
-                             until / 1000 if until else None, int(reply[3]), _breaker_event(reply[4:10]),
+                             until / 1000 if until else None, int(reply[3]), breaker,
                              float(learned) / 1000 if learned else None, reply[11] if len(reply) > 11 else "")
 
     def breaker_options(self, site: str) -> BreakerOptions | None:
@@ -408,7 +491,16 @@ class _StoreBase:
 
     def _breaker_arg(self, site: str) -> str:
         options = self.breaker_options(site)
-        return options.packed() if options is not None else ""
+        if options is None:
+            return ""
+        cached = self._packed.get(id(options))
+        if cached is not None and cached[0] is options:
+            return cached[1]
+        packed = options.packed()
+        if len(self._packed) >= CACHE_ENTRIES:
+            self._packed.clear()
+        self._packed[id(options)] = (options, packed)
+        return packed
 
     def breaker(self, pool: str, site: str):
         """The site's circuit breaker as stored (``BreakerState``), or None when it is closed."""
@@ -491,6 +583,16 @@ class _StoreBase:
         cap = max(opts.max_ttl, base)
         jitter = -opts.jitter * self._random()  # subtractive: a capped TTL never exceeds the cap
         return (_ms(base), _ms(cap), repr(jitter), _ms(opts.strike_window))
+
+    def _quiet_ban_args(self) -> tuple:
+        """The ban arguments of a release that bans nothing (the script checks but never reads them):
+        the site ban's, without a jitter draw, made once per ``bans_options``."""
+        opts = self.bans_options
+        cached = self._quiet_ban
+        if cached is None or cached[0] is not opts:
+            cached = self._quiet_ban = (opts, (_ms(opts.ttl), _ms(max(opts.max_ttl, opts.ttl)), repr(0.0),
+                                               _ms(opts.strike_window)))
+        return cached[1]
 
     # --- pool administration -------------------------------------------------------------------
     def add_proxies(self, pool: str, proxies: Iterable[Proxy | str]):
@@ -831,7 +933,10 @@ class _StoreBase:
         """Remember a lease call whose outcome is unknown: it may hold a slot for nobody."""
         lost = isinstance(exc, (redis.ConnectionError, redis.TimeoutError))
         if lost and isinstance(request, _Script) and request.name == "lease" and len(self._in_doubt) < MAX_IN_DOUBT:
-            prefix = request.keys[_LEASE_PROXIES_AT].rpartition(":")[0]  # "<prefix>:proxies"
+            proxies_key = request.keys[_LEASE_PROXIES_AT]
+            if isinstance(proxies_key, bytes):  # a templated key, encoded for the client
+                proxies_key = proxies_key.decode()
+            prefix = proxies_key.rpartition(":")[0]  # "<prefix>:proxies"
             self._in_doubt[request.args[3]] = (prefix, request.args[0], request.args[5])
 
     def _settle_plan(self) -> Plan:
@@ -919,9 +1024,28 @@ class PoolStore(_StoreBase):
             self._busy_over()
             return reply
 
+    def _run(self, build: Callable[..., Any], done: Callable[..., Any], *args: Any) -> Any:
+        """A one-request operation (lease, release): ``build(*args)`` makes the request, ``done(reply,
+        request, *args)`` reads its reply (or returns ``_Continue`` with a plan to drive on)."""
+        if self._in_doubt:
+            with contextlib.suppress(PoolBackendError):  # still unreachable: settle on a later call
+                self._drive(self._settle_plan(), settle=False)
+        request = build(*args)
+        out = done(_decode(self._call(request)), request, *args)
+        if type(out) is _Continue:
+            return self._drive(out.plan, settle=False)
+        return out
+
     def _execute(self, request: Any) -> Any:
-        if isinstance(request, _Script):
-            return self._scripts[request.name](keys=request.keys, args=request.args)
+        if type(request) is _Script:
+            # EVALSHA straight away (what redis-py's Script does, less its per-call work); a server that
+            # lost the script (restart, SCRIPT FLUSH) gets it loaded again, as Script does.
+            script, names = self._scripts[request.name], request.keys
+            try:
+                return self.client.execute_command("EVALSHA", script.sha, len(names), *names, *request.args)
+            except redis.exceptions.NoScriptError:
+                script.sha = self.client.script_load(script.script)
+                return self.client.execute_command("EVALSHA", script.sha, len(names), *names, *request.args)
         return self.client.execute_command(*request.args)
 
 
@@ -1053,9 +1177,25 @@ class AsyncPoolStore(_StoreBase, PoolBackend):
             self._busy_over()
             return reply
 
+    async def _run(self, build: Callable[..., Any], done: Callable[..., Any], *args: Any) -> Any:
+        """A one-request operation (lease, release): see ``PoolStore._run``."""
+        if self._in_doubt:
+            with contextlib.suppress(PoolBackendError):  # still unreachable: settle on a later call
+                await self._drive(self._settle_plan(), settle=False)
+        request = build(*args)
+        out = done(_decode(await self._call(request)), request, *args)
+        if type(out) is _Continue:
+            return await self._drive(out.plan, settle=False)
+        return out
+
     async def _execute(self, request: Any) -> Any:
-        if isinstance(request, _Script):
-            return await self._scripts[request.name](keys=request.keys, args=request.args)
+        if type(request) is _Script:  # EVALSHA straight away, loading a lost script again (PoolStore's)
+            script, names = self._scripts[request.name], request.keys
+            try:
+                return await self.client.execute_command("EVALSHA", script.sha, len(names), *names, *request.args)
+            except redis.exceptions.NoScriptError:
+                script.sha = await self.client.script_load(script.script)
+                return await self.client.execute_command("EVALSHA", script.sha, len(names), *names, *request.args)
         return await self.client.execute_command(*request.args)
 
     async def aclose(self) -> None:
@@ -1064,12 +1204,25 @@ class AsyncPoolStore(_StoreBase, PoolBackend):
 
 # --- helpers --------------------------------------------------------------------------------------
 
+_MS: dict[float, int] = {}  # seconds -> ms, for the few distinct values a crawl passes (TTLs, intervals)
+
+
 def _ms(seconds: float, name: str = "time") -> int:
     """Seconds to the scripts' integer ms, refusing what no script accepts (NaN, inf, > 366 days)."""
+    kind = type(seconds)
+    if kind is float or kind is int:
+        known = _MS.get(seconds)
+        if known is not None:
+            return known
     value = float(seconds)
     if not math.isfinite(value) or value > MAX_SECONDS:
         raise ValueError(f"{name} ({seconds!r}) must be a finite number of seconds up to {MAX_SECONDS:g}")
-    return max(0, round(value * 1000))
+    ms = max(0, round(value * 1000))
+    if kind is float or kind is int:
+        if len(_MS) >= CACHE_ENTRIES:
+            _MS.clear()
+        _MS[seconds] = ms
+    return ms
 
 
 def _is_busy(exc: Exception) -> bool:
@@ -1108,9 +1261,21 @@ def _add_args(p: Proxy) -> list[str]:
     return [p.id, p.url, json.dumps(p.tags, sort_keys=True) if p.tags else ""]
 
 
+_REASONS: dict[str, str] = {}  # a reason as given -> as the scripts take it
+
+
 def _reason(reason: str) -> str:
+    if type(reason) is str:
+        known = _REASONS.get(reason)
+        if known is not None:
+            return known
     text = str(reason).strip().lower().replace(" ", "_")
-    return "".join(ch if ch in REASON_CHARS else "_" for ch in text)[:64] or "unknown"
+    clean = "".join(ch if ch in REASON_CHARS else "_" for ch in text)[:64] or "unknown"
+    if type(reason) is str:
+        if len(_REASONS) >= CACHE_ENTRIES:
+            _REASONS.clear()
+        _REASONS[reason] = clean
+    return clean
 
 
 def _as_id(proxy: str) -> str:
@@ -1124,6 +1289,12 @@ def _as_id(proxy: str) -> str:
 
 
 def _decode(value: Any) -> Any:
+    if type(value) is list:  # a script's reply: usually flat, and already str (decode_responses)
+        for item in value:
+            kind = type(item)
+            if kind is not str and kind is not int:
+                return [_decode(v) for v in value]
+        return value
     if isinstance(value, bytes):
         return value.decode()
     if isinstance(value, list):
@@ -1156,6 +1327,20 @@ def _json_object(text: str) -> dict[str, Any]:
     except ValueError:
         return {}
     return value if isinstance(value, dict) else {}
+
+
+def _key_encoder(client: Any) -> Callable[[str], Any]:
+    """How ``client`` encodes a key it sends (its own encoder), so a key encoded once is sent as is;
+    identity when the client has no encoder to ask."""
+    for get in (lambda: client.get_encoder(), lambda: client.connection_pool.get_encoder()):
+        try:
+            encoder = get()
+        except (AttributeError, TypeError):
+            continue
+        encode = getattr(encoder, "encode", None)
+        if callable(encode):
+            return encode
+    return lambda key: key
 
 
 def _describe(client: Any) -> str:

@@ -31,6 +31,8 @@
 -- ARGV[20] learned interval to start from, ms    ARGV[21] its minimum, ms    ARGV[22] its maximum, ms
 -- ARGV[23] factor the learned interval is paced with (the caller's randomization draw; "1" for none)
 -- ARGV[24] "1" when this ban is rate-type (PROXY_SHARD_AUTOTHROTTLE_BAN_REASONS), else "0"
+-- ARGV[25] the shortest rest after a rate ban that followed a clean answer, ms (AUTOTHROTTLE_BAN_TTL):
+--          the site's learned rest never goes below it (see pace_release)
 -- Replies:
 --   {"OK", now_ms, ban_until_ms, strikes, breaker_event, bans, proxies, reasons, window_ms, cooloff_ms,
 --    learned_interval, pace_event}
@@ -55,7 +57,7 @@ local bad = check_strings({{1, 'site'}, {2, 'member'}, {3, 'token'}, {7, 'host'}
     {16, 'rest after response ms', 0, MAX_MS}, {18, 'site idle ttl ms', 1000, MAX_MS},
     {19, 'autothrottle flag', 0, 1}, {20, 'autothrottle start interval ms', 1, MAX_MS},
     {21, 'autothrottle min interval ms', 1, MAX_MS}, {22, 'autothrottle max interval ms', 1, MAX_MS},
-    {23, 'interval factor', 0, 2, true}, {24, 'rate ban flag', 0, 1}})
+    {23, 'interval factor', 0, 2, true}, {24, 'rate ban flag', 0, 1}, {25, 'autothrottle ban ttl ms', 1, MAX_MS}})
   or check_strings({{17, 'breaker', true}})
 if bad then return redis.error_reply(bad) end
 local breaker, bad_breaker = breaker_conf(ARGV[17])
@@ -83,7 +85,7 @@ if ARGV[19] == '1' then
   if held_with(record, token) then start = lease_start(record) end
   local paced, learned
   paced, pace_event, learned, last_answer, site_rest = pace_release(site, id, start, outcome, ARGV[24] == '1',
-    tonumber(ARGV[20]), tonumber(ARGV[21]), tonumber(ARGV[22]), tonumber(ARGV[11]), now)
+    tonumber(ARGV[20]), tonumber(ARGV[21]), tonumber(ARGV[22]), tonumber(ARGV[25]), now)
   interval = math.floor(paced * tonumber(ARGV[23]) + 0.5)
   pace_iv = pace_ms(learned)
   redis.call('PEXPIRE', K_PACE, PACE_KEEP_MS)  -- a learned pace outlives restarts, not a dead site
