@@ -153,3 +153,29 @@ def test_status_and_metrics_show_an_open_breaker_and_its_history():
     assert samples[("proxy_shard_breaker_state", (("pool", "dc"), ("site", SITE), ("state", "closed")))] == 0
     assert samples[("proxy_shard_breaker_opened_total", (("pool", "dc"), ("site", SITE)))] == 1
     assert samples[("proxy_shard_breaker_spared_total", (("pool", "dc"), ("site", SITE)))] == 1
+
+
+def test_a_ban_redis_did_not_record_is_not_logged_as_a_quarantine(caplog, monkeypatch):
+    """A release Redis did not run (an outage: the fallback answers "lost") started no quarantine in
+    Redis: the log says so instead of "quarantine ... (strike 0, 0s)"."""
+    import time
+
+    from scrapy_proxy_shard.engine.store import ReleaseResult
+
+    h = Harness(proxies=PROXIES)
+
+    async def lost(*args, **kwargs):
+        return ReleaseResult("lost", time.time())
+
+    async def scenario():
+        await h.open()
+        request = Request(f"http://{SITE}/item/1")
+        await h.lease_mw.process_request(request)
+        monkeypatch.setattr(h.runtime.store, "release", lost)
+        await h.respond(request, status=403)
+
+    with caplog.at_level(logging.INFO, logger="scrapy_proxy_shard"):
+        asyncio.run(scenario())
+    messages = [r.getMessage() for r in caplog.records]
+    assert not [m for m in messages if "quarantine of proxy" in m], messages
+    assert [m for m in messages if "without a quarantine confirmed by Redis (release lost" in m], messages

@@ -624,12 +624,19 @@ class ShardRuntime:
         if outcome in ("ban", "dead") and not spared:
             if outcome == "dead":
                 self.stats.inc_value(f"{STATS}/dead")
-            logger.info(
-                "proxy_shard: %(scope)s quarantine of proxy %(proxy)s (%(reason)s, strike %(strikes)d, %(ttl).0fs)",
-                {"scope": "proxy-wide" if outcome == "dead" else f"{lease.site}", "proxy": lease.proxy_id,
-                 "reason": reason or outcome, "strikes": result.strikes,
-                 "ttl": (result.ban_until or result.now) - result.now},
-            )
+            scope = "proxy-wide" if outcome == "dead" else f"{lease.site}"
+            if result.ban_until is None:  # Redis did not run the release (an outage): nothing started there
+                logger.info(
+                    "proxy_shard: %(scope)s ban of proxy %(proxy)s (%(reason)s) without a quarantine confirmed by "
+                    "Redis (release %(status)s; in the local fallback it is kept and replayed when Redis is back)",
+                    {"scope": scope, "proxy": lease.proxy_id, "reason": reason or outcome, "status": result.status},
+                )
+            else:
+                logger.info(
+                    "proxy_shard: %(scope)s quarantine of proxy %(proxy)s (%(reason)s, strike %(strikes)d, %(ttl).1fs)",
+                    {"scope": scope, "proxy": lease.proxy_id, "reason": reason or outcome, "strikes": result.strikes,
+                     "ttl": result.ban_until - result.now},
+                )
         if result.breaker is not None:
             self._breaker_event(lease, result.breaker, reason or outcome)
         if lease.session_id and request.meta.get("proxy_shard_end_session"):
