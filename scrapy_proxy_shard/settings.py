@@ -360,7 +360,7 @@ class ShardSettings:
             )
         site_entries = _site_entries(s)
         sites = _sites(site_entries, pacing, autothrottle)
-        site_idle_ttl = _site_idle_ttl(get, pacing, sites)
+        site_idle_ttl = _site_idle_ttl(get, pacing, sites, autothrottle)
         breaker = _breaker(get, lambda f: f"PROXY_SHARD_BREAKER_{f.upper()}", BreakerOptions())
         return cls(
             enabled=_boolean(s, "PROXY_SHARD_ENABLED"),
@@ -555,17 +555,22 @@ def _site_entries(settings: BaseSettings) -> list[tuple[str, str, dict[str, Any]
 MIN_SITE_IDLE_TTL = 60.0
 
 
-def _site_idle_ttl(get: Any, pacing: SiteOptions, sites: Mapping[str, SiteOptions]) -> float:
+def _site_idle_ttl(get: Any, pacing: SiteOptions, sites: Mapping[str, SiteOptions],
+                   autothrottle: AutothrottleOptions) -> float:
     """PROXY_SHARD_SITE_IDLE_TTL: at least a minute, and at least twice the longest pacing gap of any
-    site, so a site's state never expires between two paced uses of one of its slots (the start of a
-    use is what pacing counts from, and it lives in the site's state)."""
+    site — with adaptive pacing, the longest interval it may learn (AUTOTHROTTLE_MAX_INTERVAL) — so a
+    site's state never expires between two paced uses of one of its slots (the start of a use is what
+    pacing counts from, and it lives in the site's state)."""
     idle = _number(get, "PROXY_SHARD_SITE_IDLE_TTL", minimum=MIN_SITE_IDLE_TTL, maximum=MAX_SESSION_TTL)
     gaps = [max(o.min_interval, o.rest_after_response) for o in (pacing, *sites.values())]
-    longest = max(gaps)
+    learned = [o.max_interval for o in (autothrottle, *(s.autothrottle for s in sites.values()))
+               if o is not None and o.enabled]
+    longest = max(gaps + learned)
     if idle < 2 * longest:
         raise SettingError(
             f"PROXY_SHARD_SITE_IDLE_TTL ({idle!r}) must be at least twice the longest pacing interval "
-            f"({longest!r} s, PROXY_SHARD_MIN_INTERVAL / REST_AFTER_RESPONSE or a PROXY_SHARD_SITES entry)"
+            f"({longest!r} s, PROXY_SHARD_MIN_INTERVAL / REST_AFTER_RESPONSE / AUTOTHROTTLE_MAX_INTERVAL or a "
+            f"PROXY_SHARD_SITES entry)"
         )
     return idle
 

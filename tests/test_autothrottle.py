@@ -363,6 +363,11 @@ def test_settings_defaults_and_per_site_overrides():
     ({"PROXY_SHARD_SITES": {"a.example": {"autothrottle_enabled": "maybe"}}},
      "PROXY_SHARD_SITES['a.example'].autothrottle_enabled ('maybe') must be True or False"),
     ({"PROXY_SHARD_SITES": {"a.example": {"autothrotle_min_interval": 1}}}, "unknown option(s)"),
+    # a site's state must not expire between two uses paced by the longest interval adaptive pacing may learn
+    ({"PROXY_SHARD_AUTOTHROTTLE_ENABLED": True, "PROXY_SHARD_SITE_IDLE_TTL": 100},
+     "PROXY_SHARD_SITE_IDLE_TTL (100.0) must be at least twice the longest pacing interval (60.0 s"),
+    ({"PROXY_SHARD_SITES": {"a.example": {"autothrottle_enabled": True, "autothrottle_max_interval": 2000}}},
+     "PROXY_SHARD_SITE_IDLE_TTL (3600.0) must be at least twice the longest pacing interval (2000.0 s"),
 ])
 def test_settings_validation_names_the_bad_setting(settings, message):
     with pytest.raises(SettingError) as err:
