@@ -56,6 +56,7 @@ from pathlib import Path
 
 from scrapy_proxy_shard.demo.nginx_stack import (
     EXAMPLE_PROJECT,
+    VHOST_NET,
     LogSummary,
     NginxStack,
     binary_versions,
@@ -74,7 +75,12 @@ LEARNED_AFTER = 60.0
 NAMESPACE = "nginxstack"
 POOL = "datacenter"
 ROTATING_VERSION = "0.6.2"
-CONFIGS = ("plugin-3h", "plugin-1h", "adaptive-3h", "hand-paced", "rotating-3h")
+CONFIGS = ("plugin-3h", "plugin-1h", "adaptive-3h", "hand-paced", "rotating-3h", "slow-site", "slow-site-queue")
+#: slow-site: the first vhost paced SLOW_INTERVAL s (a site the crawl must go easy on), the others at the rule.
+SLOW_INTERVAL = 2.0
+SITE_AWARE_QUEUE = "scrapy_proxy_shard.crawl.scheduling.SiteAwarePriorityQueue"
+#: slow-site-queue: the fast vhosts' last page at most this share of the time they take with Scrapy's queue.
+TARGET_FAST_SHARE = 0.5
 
 
 @dataclass
@@ -235,6 +241,16 @@ def row(r: Result, ceil: float) -> str:
             f"{s.ok_pages:5d}/{len(s.missing_pages) + s.ok_pages:<5d} {r.wall:5.0f}s {r.load:5.2f}")
 
 
+def vhost_finish(log: list[dict]) -> dict[str, float]:
+    """Per vhost, when its last request ended, in seconds from the first request's start."""
+    origin = min(e["start"] for e in log)
+    ends: dict[str, float] = {}
+    for e in log:
+        vhost = e.get("host", "")
+        ends[vhost] = max(ends.get(vhost, 0.0), e["end"] - origin)
+    return ends
+
+
 def efficiency(r: Result, ceil: float) -> float:
     return r.summary.pages_per_second / ceil if ceil else 0.0
 
@@ -319,6 +335,7 @@ def main() -> int:
     print(f"rotating-3h: {rotating_note}")
     aiohttp_ok = importlib.util.find_spec("aiohttp") is not None
     results: dict[str, Result] = {}
+    finish: dict[str, dict[str, float]] = {}  # slow-site configs: vhost -> when its last page was served
     notes: list[str] = []
     trace: list = []
     log: list[dict] = []
@@ -340,8 +357,8 @@ def main() -> int:
                     started = time.monotonic()
                     asyncio.run(hand_paced(stack, args.interval * (1 + args.margin)))
                     results[name] = Result(name, 0, 0, stack.analyze(), time.monotonic() - started, load)
-            elif name in ("plugin-3h", "plugin-1h", "adaptive-3h"):
-                hosts = 1 if name == "plugin-1h" else args.hosts
+            elif name in ("plugin-3h", "plugin-1h", "adaptive-3h", "slow-site", "slow-site-queue"):
+                hosts = 1 if name in ("plugin-1h", "slow-site", "slow-site-queue") else args.hosts
                 per_host = total // hosts
                 settings = {"CONCURRENT_REQUESTS": str(per_host), "LOG_LEVEL": "INFO"}
                 pages = args.pages
@@ -352,6 +369,11 @@ def main() -> int:
                     settings.update({"PROXY_SHARD_AUTOTHROTTLE_ENABLED": "True",
                                      # the example project sets 0.3 s: put back the plugin's own default
                                      "PROXY_SHARD_MIN_INTERVAL": f"{DEFAULTS['PROXY_SHARD_MIN_INTERVAL']:g}"})
+                if name.startswith("slow-site"):
+                    slow_vhost = f"{VHOST_NET}1"
+                    settings["PROXY_SHARD_SITES"] = json.dumps({slow_vhost: {"min_interval": SLOW_INTERVAL}})
+                    if name == "slow-site-queue":
+                        settings["SCHEDULER_PRIORITY_QUEUE"] = SITE_AWARE_QUEUE
                 with stack_for(name, pages) as stack:
                     box: dict = {}
 
@@ -368,6 +390,8 @@ def main() -> int:
                     run = box["run"]
                     if name == "adaptive-3h":
                         log = stack.read_log()
+                    if name.startswith("slow-site"):
+                        finish[name] = vhost_finish(stack.read_log())
                     results[name] = Result(name, hosts, per_host, run.summary, run.duration, load,
                                            [h.exit_code for h in run.hosts])
             elif name == "rotating-3h":
@@ -421,6 +445,24 @@ def main() -> int:
             if drop > args.host_tolerance:
                 misses.append(f"plugin-3h efficiency {effs['plugin-3h']:.2f} < plugin-1h {effs['plugin-1h']:.2f} - "
                               f"{args.host_tolerance}")
+    if finish:
+        print(f"\nslow-site: the first vhost paced {SLOW_INTERVAL:g} s per proxy (PROXY_SHARD_SITES), the others at "
+              f"the rule, one host x {total} concurrent requests; when each vhost's last page was served (s from "
+              "the crawl's first request). slow-site: Scrapy's default priority queue; slow-site-queue: "
+              "SCHEDULER_PRIORITY_QUEUE = SiteAwarePriorityQueue (requests waiting for a lease count as busy)")
+        for name, ends in finish.items():
+            print(f"  {name:16} " + "  ".join(f"{vhost} {end:6.1f}" for vhost, end in sorted(ends.items())))
+        for name in finish:
+            complete(results[name], misses)
+        if {"slow-site", "slow-site-queue"} <= set(finish):
+            slow = f"{VHOST_NET}1"
+            fast = {n: max(e for v, e in ends.items() if v != slow) for n, ends in finish.items()}
+            share = fast["slow-site-queue"] / fast["slow-site"]
+            print(f"  fast vhosts done: {fast['slow-site']:.1f} s -> {fast['slow-site-queue']:.1f} s with the queue "
+                  f"({share:.2f} x; target <= {TARGET_FAST_SHARE})")
+            if share > TARGET_FAST_SHARE:
+                misses.append(f"slow-site-queue: fast vhosts done at {share:.2f} x the default queue's time > "
+                              f"{TARGET_FAST_SHARE}")
     if "adaptive-3h" in results:
         r = results["adaptive-3h"]
         complete(r, misses)
@@ -440,14 +482,15 @@ def main() -> int:
     print(f"\nload average at the end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     for miss in misses:
         print(f"MISS {miss}")
-    if not misses and not {"plugin-3h", "plugin-1h", "adaptive-3h"} & set(results):
+    if not misses and not {"plugin-3h", "plugin-1h", "adaptive-3h", "slow-site-queue"} & set(results):
         print("OK   no configuration with a target was run")
     elif not misses:
         print("OK   every target met: " + ", ".join(
             t for n, t in (("plugin-3h", f"plugin-3h >= {TARGET_EFFICIENCY}, 0 overlaps, blocked <= {MAX_BLOCKED:.0%}"),
                            ("plugin-1h", f"plugin-3h >= plugin-1h - {args.host_tolerance}"),
                            ("adaptive-3h", f"adaptive-3h >= {TARGET_ADAPTIVE}, blocked <= {MAX_BLOCKED_ADAPTIVE:.0%}, "
-                                           f"learned within {LEARNED_WITHIN:.0%} after {LEARNED_AFTER:.0f}s"))
+                                           f"learned within {LEARNED_WITHIN:.0%} after {LEARNED_AFTER:.0f}s"),
+                           ("slow-site-queue", "fast vhosts done sooner with SiteAwarePriorityQueue"))
             if n in results))
     if args.keep:
         print(f"logs in {workdir}")

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from scrapy import Request, signals
+from scrapy.utils.httpobj import urlparse_cached
 
 from scrapy_proxy_shard import signals as shard_signals
 from scrapy_proxy_shard.crawl.health import HostMonitor
@@ -126,6 +127,9 @@ class ShardRuntime:
         self._stopping: asyncio.Event | None = None  # set when the crawl stops (see _stopping_event)
         self._watcher: asyncio.Future | None = None
         self._waiters = 0  # requests inside _until; the watcher runs only while there are some
+        #: Scrapy download slot -> requests of it asking this host for a lease (SiteAwarePriorityQueue
+        #: counts them as busy, like the downloads of the slot).
+        self.asking: dict[str, int] = {}
         self._opened = False
         self._monitor: HostMonitor | None = None  # heartbeats + pool log line (health.py)
         self.open_error: ProxyShardError | None = None
@@ -368,20 +372,36 @@ class ShardRuntime:
         ttl = self._lease_ttl(request)
         key = (pool, site, session_id)
         gate = self._gate(key)
-        if self._gate.idle(key):
-            await gate.__aenter__()  # uncontended: taken at once, even with PROXY_SHARD_MAX_WAIT = 0
-        else:
-            await self._until(gate.__aenter__(), deadline, pool, site, release=gate.__aexit__)
+        slot = self._download_slot(request)
+        self.asking[slot] = self.asking.get(slot, 0) + 1
         try:
-            result = await self._lease_loop(pool, site, session_id, ttl, deadline)
+            if self._gate.idle(key):
+                await gate.__aenter__()  # uncontended: taken at once, even with PROXY_SHARD_MAX_WAIT = 0
+            else:
+                await self._until(gate.__aenter__(), deadline, pool, site, release=gate.__aexit__)
+            try:
+                result = await self._lease_loop(pool, site, session_id, ttl, deadline)
+            finally:
+                await gate.__aexit__(None, None, None)
         finally:
-            await gate.__aexit__(None, None, None)
+            left = self.asking[slot] - 1
+            if left:
+                self.asking[slot] = left
+            else:
+                del self.asking[slot]
         waited = loop.time() - asked
         if waited > MIN_PAUSE:
             self.stats.inc_value(f"{STATS}/wait_time", waited)
         self._record(request, result, session_id, site)
         self.crawler.signals.send_catch_log(shard_signals.lease_acquired, request=request, lease=result, waited=waited)
         return result
+
+    def _download_slot(self, request: Request) -> str:
+        """The Scrapy download slot ``request`` will use (``download_slot`` meta, else its host name)."""
+        try:
+            return self.crawler.engine.downloader.get_slot_key(request)
+        except (AttributeError, RuntimeError):  # no engine (a crawler built by hand): Scrapy's default key
+            return request.meta.get("download_slot") or urlparse_cached(request).hostname or ""
 
     async def _lease_loop(self, pool: str, site: str, session_id: str | None, ttl: float,
                           deadline: float) -> Lease:
