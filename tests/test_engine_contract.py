@@ -499,3 +499,26 @@ def test_releases_write_no_wake_up_when_nobody_waits(store, backend):
     store.add_proxies(POOL, URLS[:1])
     store.release(lease_ok(store))
     assert not backend.exists("{t:main}:freed:a.example")
+
+
+def test_a_resent_release_answers_its_first_reply_and_records_once(store, clock):
+    """A release sent again with the same token (a client retry) answers its first reply and records
+    nothing more, whatever that reply was: ok, expired (the held record is still there, expired: it
+    must not read as a release that never ran), or a ban with its quarantine fields; sticky too."""
+    store.add_proxies(POOL, URLS[:2])
+    lease = lease_ok(store)
+    first = store.release(lease, min_interval=0.0, latency=0.05)
+    assert first.status == "ok" and store.release(lease, min_interval=0.0, latency=0.05) == first
+    short = lease_ok(store, ttl=0.05)
+    clock.sleep(0.2)
+    first = store.release(short, outcome="error")
+    assert first.status == "expired" and store.release(short, outcome="error") == first
+    banned = lease_ok(store)
+    first = store.release(banned, outcome="ban", reason="http_403")
+    assert first.ban_until and store.release(banned, outcome="ban", reason="http_403") == first
+    sticky = lease_ok(store, session_id="s1", session_ttl=60)
+    first = store.release(sticky, min_interval=0.0)
+    assert first.status == "ok" and store.release(sticky, min_interval=0.0) == first
+    counters, sstats = store.counters(POOL), store.counters(POOL, "sstats")
+    assert counters["expired"] == 1 and counters["q_started"] == 1
+    assert sstats["a.example:ok"] == 2 and sstats["a.example:err"] == 1 and sstats["a.example:banned"] == 1

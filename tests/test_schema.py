@@ -18,7 +18,7 @@ import fakeredis
 import pytest
 
 from scrapy_proxy_shard.engine import keyset, schema
-from scrapy_proxy_shard.engine.scripts import OPERATIONS
+from scrapy_proxy_shard.engine.scripts import OPERATIONS, lib_definitions, role_local, script_source
 from scrapy_proxy_shard.engine.store import PoolStore
 from scrapy_proxy_shard.ops.snapshot import read_pool
 
@@ -49,9 +49,14 @@ def _calls_on(source: str, variable: str) -> list[tuple[str, str]]:
     return found
 
 
+def _roles() -> set[str]:
+    """Every KEYS role: the fixed scripts' and the two memos."""
+    return {role for roles in keyset.ROLES.values() for role in roles} | {keyset.MEMO, keyset.LEASE_MEMO}
+
+
 def _bound_roles() -> dict[str, str]:
-    """``K_<NAME>`` local -> role, as _lib.lua binds them from KEYS."""
-    return dict(re.findall(r"^local (K_\w+) = K\['(\w+)'\]$", _code(LUA["_lib.lua"]), flags=re.M))
+    """``K_<NAME>`` local -> role, as scripts.py binds them from KEYS."""
+    return {role_local(role): role for role in _roles()}
 
 
 def _lib_functions() -> dict[str, str]:
@@ -96,9 +101,10 @@ def _release_statuses() -> set[str]:
 
 
 def test_every_key_role_is_a_schema_name_and_back():
-    bound = set(_bound_roles().values())
     declared = {role for roles in keyset.ROLES.values() for role in roles}
-    assert bound == declared | {keyset.MEMO, keyset.LEASE_MEMO}
+    used = {k for source in LUA.values() for k in re.findall(r"\bK_[A-Z_]+\b", _code(source))}
+    # every K_ local the Lua reads is a role's, and every role is read by some Lua
+    assert used == set(_bound_roles()), used ^ set(_bound_roles())
     assert declared <= keyset.POOL_ROLES | keyset.SITE_ROLES | {schema.SESSION, keyset.MEMO, keyset.LEASE_MEMO}
     # every key suffix names a pool key, a site key, the session or the memo (and nothing else does)
     assert set(schema.KEY_SUFFIXES) == keyset.POOL_ROLES | keyset.SITE_ROLES | {schema.SESSION, schema.DONE}
@@ -135,9 +141,33 @@ def test_no_script_builds_a_key_name():
                 if name == "_lib.lua" and arg == "memo":  # recall / remember: checked at their call sites
                     continue
                 assert allowed.fullmatch(arg), f"{name}: redis.call('{command}', {arg}, ...) is not a declared key"
-        for call in re.findall(r"\b(?:recall|remember)\((\w+)", code):
+        for call in re.findall(r"\b(?:recall|remember)\w*\((\w+)", code):
             assert call in bound or name == "_lib.lua", f"{name}: memo {call} is not a declared key"
-    assert "KEYS[i]" in _code(LUA["_lib.lua"])  # the one binding loop
+    for name, roles in keyset.ROLES.items():  # the one binding: scripts.py's, from KEYS by position
+        bindings = re.findall(r"^local (K_\w+) = KEYS\[(\d+)\]$", script_source(name), flags=re.M)
+        assert bindings and all(roles[int(i) - 1] == _bound_roles()[k] for k, i in bindings), name
+
+
+def test_each_script_defines_every_helper_it_calls_and_no_other():
+    """scripts.py puts in front of each script only the _lib.lua helpers it uses: each helper called in
+    the loaded source (the operation and the helpers themselves) is defined before the operation, once."""
+    functions = {names[0] for names, text in lib_definitions() if text.lstrip("-\n ").startswith("local function")
+                 or "\nlocal function" in text}
+    assert {"ensure_site", "ban", "pace_release", "breaker_gate", "recall"} <= functions
+    for name in OPERATIONS:
+        source = script_source(name)
+        code = _code(source)
+        defined = re.findall(r"^local function (\w+)\(", code, flags=re.M)
+        top = re.findall(r"^local function (\w+)\(", _code(source.split(f"-- ==== {name}.lua ====")[0]),
+                         flags=re.M)
+        assert len(top) == len(set(top)), name  # (a --@lazy block may define a helper again, in its scope)
+        called = {f for f in re.findall(r"\b(\w+)\(", code) if f in functions}
+        assert called <= set(defined), f"{name}: calls {called - set(defined)} without defining them"
+        # and every helper defined is called by the operation or by another helper it includes
+        for f in defined:
+            elsewhere = re.sub(r"^local function " + f + r"\(.*?^end$", "", code, flags=re.M | re.S)
+            assert re.search(r"\b" + f + r"\(", elsewhere), f"{name}: defines {f} but never calls it"
+        assert len(defined) < len(functions), name
 
 
 def test_each_script_touches_only_the_keys_it_declares():

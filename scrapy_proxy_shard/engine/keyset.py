@@ -11,7 +11,8 @@ call are built (from ``schema`` names). The scripts whose keys depend on data (`
 A role is a ``schema`` key suffix (a pool-level key ``<prefix>:<role>``, or a per-site one
 ``<prefix>:<role>:<site>``), ``SESSION`` (``<prefix>:session:<site>:<sid>``; a call without a
 session passes the empty session id's key, which the script never touches), ``MEMO`` (this call's
-memoised reply ``<prefix>:done:<op>:<token>``) or ``LEASE_MEMO`` (abandon.lua: the lease call's).
+memoised reply ``<prefix>:done:<op>:<token>``) or ``LEASE_MEMO`` (the lease call's: abandon.lua reads it,
+release.lua overwrites it with its own reply).
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ SITE_ROLES = frozenset({s.SITE, s.READY, s.WAITING, s.FREED, s.BREAKER, s.BREAKE
 ROLES: dict[str, tuple[str, ...]] = {
     "lease": (MEMO, s.PROXIES, s.META, s.ORDER, s.BANS, s.PSTATS, s.HSTATS, s.SSTATS, s.COUNTERS, s.SITEIDX,
               s.SITE, s.READY, s.WAITING, s.SESSION, s.BREAKER),
-    "release": (MEMO, s.PROXIES, s.BANS, s.BANIDX, s.PSTATS, s.HSTATS, s.SSTATS, s.COUNTERS, s.SITEIDX, s.SITE, s.READY,
-                s.WAITING, s.FREED, s.SESSION, s.BREAKER, s.BREAKER_SEEN, s.PACE),
+    "release": (LEASE_MEMO, s.PROXIES, s.BANS, s.BANIDX, s.PSTATS, s.HSTATS, s.SSTATS, s.COUNTERS, s.SITEIDX, s.SITE,
+                s.READY, s.WAITING, s.FREED, s.SESSION, s.BREAKER, s.BREAKER_SEEN, s.PACE),
     "abandon": (MEMO, LEASE_MEMO, s.BANS, s.SITE, s.READY, s.WAITING, s.FREED, s.SESSION),
     "hold": (MEMO, s.PROXIES, s.META, s.ORDER, s.BANS, s.PSTATS, s.HSTATS, s.SITEIDX, s.SITE, s.READY),
     "end_session": (s.BANS, s.SITE, s.READY, s.WAITING, s.FREED, s.SESSION),

@@ -40,8 +40,9 @@
 --   P:hostinfo           HASH   host id -> JSON {beat, since, seen = leases counted at the last beat,
 --                               info}; forgotten with the host (a dead host: by the next beat of another)
 --   P:load               HASH   host id -> JSON {minute start ms: leases the host took} (one hour kept)
---   P:done:<op>:<token>  STRING the JSON reply of a write script already run for this token (PX 60 s): a
---                               resent call (redis-py retry_on_timeout) answers it again, writes nothing
+--   P:done:<op>:<token>  STRING the reply of a write script already run for this token (PX 60 s): a
+--                               resent call (redis-py retry_on_timeout) answers it again, writes nothing;
+--                               a lease and its release share P:done:lease:<token> (see remember_lease)
 --   P:meta               HASH   created=ms: the pool was loaded once; remove.lua never deletes it, so
 --                               an empty pool without it was lost by Redis (FLUSHALL, failover, eviction);
 --                               seq = last add number; layout=2 (a pool written by an older version,
@@ -50,67 +51,40 @@
 --   P:pace:<site>        HASH   adaptive pacing: the site's learned interval (see "Adaptive pacing" below)
 -- Times are milliseconds of the Redis server clock (TIME), so host clock skew cannot cause overlaps.
 
-local K = {}
-if KEY_ROLES then
-  if #KEYS ~= #KEY_ROLES then
-    return redis.error_reply('ERR scrapy-proxy-shard: this script takes ' .. #KEY_ROLES .. ' keys ('
-      .. table.concat(KEY_ROLES, ' ') .. '), got ' .. #KEYS)
-  end
-  for i, role in ipairs(KEY_ROLES) do K[role] = KEYS[i] end
-end
-local K_MEMO = K['memo']
-local K_PROXIES = K['proxies']
-local K_TAGS = K['tags']
-local K_ORDER = K['order']
-local K_SITEIDX = K['siteidx']
-local K_BANS = K['bans']
-local K_BANIDX = K['banidx']
-local K_PSTATS = K['pstats']
-local K_HSTATS = K['hstats']
-local K_SSTATS = K['sstats']
-local K_COUNTERS = K['counters']
-local K_META = K['meta']
-local K_HOSTS = K['hosts']
-local K_HOSTINFO = K['hostinfo']
-local K_LOAD = K['load']
-local K_SITE = K['site']
-local K_READY = K['ready']
-local K_WAITING = K['waiting']
-local K_FREED = K['freed']
-local K_BREAKER = K['breaker']
-local K_BRKSEEN = K['brkseen']
-local K_PACE = K['pace']
-local K_SESSION = K['session']
-local K_LEASE_MEMO = K['lease_memo']
+-- K_<ROLE> locals (K_MEMO, K_PROXIES, ... K_BRKSEEN, K_LEASE_MEMO: the role in capitals) are bound to
+-- KEYS by scripts.py, which puts before each script only the helpers below that it uses (and their own
+-- helpers), then `local K_<ROLE> = KEYS[i]` for the roles they touch, after checking #KEYS against the
+-- script's roles (keyset.ROLES): a script runs no definition it never calls.
 
 -- Upper bounds of every time and count argument, checked before the first write of any script: a
 -- script that fails half way (SET PX with an overflowing expiry) would leave partial state behind.
 local MAX_MS = 31622400000  -- 366 days
 local MAX_CONCURRENCY = 1000
 
--- Check numeric arguments: spec rows {index, name, lowest, highest[, fraction allowed]}. Returns an
--- error message for the first bad one, or nil. Callers `return redis.error_reply(msg)` at once.
-local function check_args(spec)
-  for _, row in ipairs(spec) do
-    local raw = ARGV[row[1]]
-    local v = tonumber(raw)
-    local bad = v == nil or v ~= v or v < row[3] or v > row[4]
-    if not bad and not row[5] and v ~= math.floor(v) then bad = true end
-    if bad then
-      return 'ERR scrapy-proxy-shard: argument ' .. row[2] .. ' (' .. tostring(raw) .. ') must be a '
-        .. (row[5] and 'number' or 'whole number') .. ' from ' .. tostring(row[3]) .. ' to ' .. tostring(row[4])
-    end
-  end
+-- Argument checks, chained with `or` at the top of a script (`local bad = arg_str(1, 'site') or
+-- arg_int(2, 'concurrency', 1, MAX_CONCURRENCY) or ...`; then `if bad then return redis.error_reply(bad)
+-- end`): each returns an error message for a bad argument, or nil. No table is built per call (a
+-- release checks 22 arguments on every call).
+-- ARGV[i] a whole number from lo to hi (arg_int), or any number from lo to hi (arg_num).
+local function arg_bad(i, name, lo, hi, what)
+  return 'ERR scrapy-proxy-shard: argument ' .. name .. ' (' .. tostring(ARGV[i]) .. ') must be a ' .. what
+    .. ' from ' .. tostring(lo) .. ' to ' .. tostring(hi)
+end
+local function arg_int(i, name, lo, hi)
+  local v = tonumber(ARGV[i])
+  if v == nil or v ~= v or v < lo or v > hi or v ~= math.floor(v) then return arg_bad(i, name, lo, hi, 'whole number') end
   return nil
 end
-
--- Check string arguments: non-empty (or empty allowed), at most 200 bytes. Returns a message or nil.
-local function check_strings(spec)
-  for _, row in ipairs(spec) do
-    local raw = ARGV[row[1]]
-    if raw == nil or #raw > 200 or (raw == '' and not row[3]) then
-      return 'ERR scrapy-proxy-shard: argument ' .. row[2] .. ' must be a string of 1 to 200 bytes'
-    end
+local function arg_num(i, name, lo, hi)
+  local v = tonumber(ARGV[i])
+  if v == nil or v ~= v or v < lo or v > hi then return arg_bad(i, name, lo, hi, 'number') end
+  return nil
+end
+-- ARGV[i] a string of 1 to 200 bytes (0 to 200 when `empty` is true).
+local function arg_str(i, name, empty)
+  local raw = ARGV[i]
+  if raw == nil or #raw > 200 or (raw == '' and not empty) then
+    return 'ERR scrapy-proxy-shard: argument ' .. name .. ' must be a string of 1 to 200 bytes'
   end
   return nil
 end
@@ -134,9 +108,56 @@ local function remember(memo, reply, url_at)
   return reply
 end
 
+local function id_of(member) return string.match(member, '^(.*)/%d+$') end
+
+-- The Redis clock in ms: a number, and the same as a decimal string made from TIME's digits (for the
+-- memos below: formatting a number costs more than the string work).
 local function now_ms()
   local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), t[1] .. string.sub('00000' .. t[2], -6, -4)
+end
+
+-- The memo of a lease and its release: one key per lease token (P:done:lease:<token>, declared by
+-- both), written by the lease and overwritten by the release (overwriting a key costs Redis far less
+-- than creating one), kept MEMO_MS after each write, in a compact form built without cjson or number
+-- formatting (the costliest parts of a memo):
+--   "L|<now_ms>|<session_flag>|<rebound_flag>|<member>"  lease.lua's OK reply (the URL, token and
+--        expiry are not kept: a resent call carries the same token and TTL, the URL is looked up again)
+--   "R|<status>|<now_ms>"   a release reply without ban, breaker or pacing fields
+--   "R" .. JSON             any other release reply; a JSON array alone: abandon.lua's bar (WAIT)
+--   and memos written by an older version
+-- The lease reply a memo stands for (nil for a release memo): token and TTL are the call's.
+local function lease_memo_reply(v, token, ttl)
+  if string.sub(v, 1, 2) == 'L|' then
+    local now, flag, rebound, member = string.match(v, '^L|(%d+)|(%d)|(%d)|(.*)$')
+    now = tonumber(now)
+    return {'OK', id_of(member), '', member, token, now + ttl, now, tonumber(flag), tonumber(rebound)}
+  end
+  if string.sub(v, 1, 1) == 'R' then return nil end
+  return cjson.decode(v)
+end
+local function remember_lease(memo, reply, now_str)
+  redis.call('SET', memo, 'L|' .. now_str .. '|' .. (reply[8] == 1 and '1' or '0') .. '|'
+    .. (reply[9] == 1 and '1' or '0') .. '|' .. reply[4], 'PX', MEMO_MS)
+  return reply
+end
+-- The release reply a memo holds (nil for a lease memo or abandon.lua's bar).
+local function release_memo_reply(v)
+  if string.sub(v, 1, 2) == 'R|' then
+    local status, now = string.match(v, '^R|(%u+)|(%d+)$')
+    return {status, tonumber(now), 0, 0, '', 0, 0, '', 0, 0, '', ''}
+  end
+  if string.sub(v, 1, 1) == 'R' then return cjson.decode(string.sub(v, 2)) end
+  return nil
+end
+local function remember_release(memo, reply, now_str)
+  local plain = reply[3] == 0 and reply[4] == 0 and reply[5] == '' and reply[11] == '' and reply[12] == ''
+  if plain and #reply == 12 then
+    redis.call('SET', memo, 'R|' .. reply[1] .. '|' .. now_str, 'PX', MEMO_MS)
+  else
+    redis.call('SET', memo, 'R' .. cjson.encode(reply), 'PX', MEMO_MS)
+  end
+  return reply
 end
 
 -- Wake one waiter (on any host) blocked on the site's freed list; a no-op (no writes) unless a
@@ -148,7 +169,6 @@ local function announce_freed()
   redis.call('PEXPIRE', K_FREED, 60000)
 end
 
-local function id_of(member) return string.match(member, '^(.*)/%d+$') end
 
 -- Integer as a decimal string (tostring would switch to exponent notation for big numbers).
 local function istr(n) return string.format('%d', n) end
@@ -190,10 +210,10 @@ local function ban_entry_until(field)
 end
 
 -- Until when a proxy may not be used on a site: the later of its site ban and its proxy-wide
--- quarantine.
+-- quarantine (both entries in one read).
 local function blocked_until(site, id)
-  local a = ban_entry_until(site .. '|' .. id)
-  local b = ban_entry_until('*|' .. id)
+  local e = redis.call('HMGET', K_BANS, site .. '|' .. id, '*|' .. id)
+  local a, b = entry_until(e[1]), entry_until(e[2])
   if b > a then return b end
   return a
 end
@@ -276,12 +296,12 @@ local function touch_site(site, until_ms, idle, now)
 end
 
 -- Make sure the site exists and learn one page of proxies it has not seen (called again for one
--- more page when nothing learnt so far is free). Returns the site's
+-- more page when nothing learnt so far is free); `pool_seq` is the pool's add number (P:meta seq,
+-- read by pool_layout). Returns the site's
 -- slots per proxy and whether it has seen every proxy. A site whose cursor is ahead of the pool
 -- (the pool was lost and restored while the site's state survived) starts learning again.
-local function ensure_site(site, concurrency, now)
+local function ensure_site(site, concurrency, now, pool_seq)
   local h = redis.call('HMGET', K_SITE, 'c', 'seq')
-  local pool_seq = tonumber(redis.call('HGET', K_META, 'seq')) or 0
   local c, seq = tonumber(h[1]), tonumber(h[2]) or 0
   if not c then
     c = concurrency
@@ -306,10 +326,11 @@ end
 -- lease.lua and hold.lua first: a pool written by an older version (P:meta without layout=2) is
 -- migrated by PoolStore.migrate (paged, keys declared) before it is used. A pool without P:meta (new,
 -- or lost by Redis) has nothing to migrate, and nothing is written (add.lua's restore keys on it).
-local function needs_migration()
-  local layout = redis.call('HGET', K_META, 'layout')
-  if layout == '2' then return false end
-  return redis.call('EXISTS', K_META) == 1
+-- Returns whether the pool needs migrating, and its add number (P:meta seq; one read for both).
+local function pool_layout()
+  local m = redis.call('HMGET', K_META, 'layout', 'seq')
+  if m[1] == '2' then return false, tonumber(m[2]) or 0 end
+  return m[2] ~= false or redis.call('EXISTS', K_META) == 1, tonumber(m[2]) or 0
 end
 
 -- Forget ban entries whose strike window has passed (bounded work per call keeps memory bounded).
@@ -507,21 +528,13 @@ local function breaker_probe_taken(token, expires_ms)
   redis.call('HINCRBY', K_BREAKER, 'used', 1)
 end
 
--- release.lua, before the outcome is recorded (`conf` from breaker_conf; nil = off on this host).
--- Returns whether a ban on the site is to be spared (open or half-open: no quarantine, no strike;
--- counted here) and the event of this release, if any: {"closed", ...} (the probe was answered
--- fine), {"reopened", 0, 0, "", 0, cool_ms} (the probe was banned) or {"spared", ...} (any other
--- ban while open or half-open). An "ok" while closed forgets the quarantines seen so far (the site
--- does not reject everyone).
-local function breaker_on_release(site, token, outcome, conf, now)
-  if not conf then return false, nil end
-  local b = redis.call('HMGET', K_BREAKER, 'st', 'ptok')
-  if not b[1] then
-    if outcome == 'ok' and redis.call('EXISTS', K_BRKSEEN) == 1 then
-      redis.call('DEL', K_BRKSEEN)
-    end
-    return false, nil
-  end
+-- release.lua, before the outcome is recorded, when the breaker is on for this host and the site's
+-- breaker is open or half-open (`b`: its st and ptok fields; release.lua itself handles a closed one:
+-- an "ok" forgets the quarantines seen so far, the site does not reject everyone). Returns whether a
+-- ban on the site is to be spared (no quarantine, no strike; counted here) and the event of this
+-- release, if any: {"closed", ...} (the probe was answered fine), {"reopened", 0, 0, "", 0, cool_ms}
+-- (the probe was banned) or {"spared", ...} (any other ban while open or half-open).
+local function breaker_on_release(site, token, outcome, now, b)
   if b[2] == token then
     if outcome == 'ok' then
       redis.call('DEL', K_BREAKER, K_BRKSEEN)
@@ -609,8 +622,9 @@ local PACE_PROBE_RUN_FIRST = 3  -- clean answers of the probe proxy at the lower
 local PACE_PROBE_RUN = 10       -- ... once an interval is known to fail (near the rule: a stricter test),
 local PACE_BURST = 2            -- ... and at least 1 + this / (1 - lower / current): a site's limiter may
 local PACE_PROBE_RUN_MAX = 40   -- let a burst through before it refuses (capped at this many answers);
-local PACE_PROBE_TIGHT = 1.25   -- only answers started within this x the probe's interval after the probe
-                                -- proxy's previous start count: a probe the crawl did not keep busy proves nothing
+-- Only a probe answer started within PACE_PROBE_TIGHT x the probe's interval after the probe proxy's
+-- previous start counts: a probe the crawl did not keep busy proves nothing.
+local PACE_PROBE_TIGHT = 1.25
 local PACE_PROBE_MS = 60000  -- a probe that has not concluded after max(this, 20 x its interval) is dropped
 local PACE_LONE_RUN = 20     -- clean answers at the pace that void a pending vote (it pointed at its proxy)
 local PACE_MARGIN = 0.05

@@ -14,7 +14,7 @@
 --                 copy still queued in Redis answers WAIT and writes nothing
 -- Idempotent: a second call finds the memo it left and answers the same.
 
-local bad = check_strings({{1, 'site'}, {2, 'token'}, {3, 'session id', true}})
+local bad = arg_str(1, 'site') or arg_str(2, 'token') or arg_str(3, 'session id', true)
 if bad then return redis.error_reply(bad) end
 local site, token = ARGV[1], ARGV[2]
 local earlier = redis.call('GET', K_MEMO)
@@ -30,8 +30,8 @@ if not v then
   remember(K_LEASE_MEMO, {'WAIT', 1, 'pool'})
   return settle('BARRED')
 end
-local reply = cjson.decode(v)
-if reply[1] ~= 'OK' then return settle('GONE') end
+local reply = lease_memo_reply(v, token, 0)
+if not reply or reply[1] ~= 'OK' then return settle('GONE') end  -- (no reply: released since)
 local id, member = reply[2], reply[4]
 local now = now_ms()
 local held = live_record(redis.call('HGET', K_SITE, member), now)

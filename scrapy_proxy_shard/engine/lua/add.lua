@@ -15,7 +15,7 @@
 -- gets that slot back only when the holder's record runs out or is released (learn()), and
 -- never before a quarantine of the proxy ends.
 
-local bad = check_args({{2, 'restore warm-up ms', 0, MAX_MS}})
+local bad = arg_int(2, 'restore warm-up ms', 0, MAX_MS)
 if bad then return redis.error_reply(bad) end
 if (#ARGV - 2) % 3 ~= 0 then return redis.error_reply('ERR scrapy-proxy-shard: add takes id, url, tags triples') end
 local mode = ARGV[1]

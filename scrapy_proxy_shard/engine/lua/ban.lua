@@ -13,9 +13,9 @@
 --   {"UNKNOWN"}                         no such proxy in the pool
 
 -- Arguments are checked before the first write (a repeat of this call changes nothing more).
-local bad = check_strings({{1, 'scope'}, {2, 'proxy id'}, {3, 'reason'}})
-  or check_args({{4, 'ban ttl ms', 1, MAX_MS}, {5, 'ban max ttl ms', 1, MAX_MS}, {6, 'jitter', -1, 1, true},
-    {7, 'strike window ms', 0, MAX_MS}})
+local bad = arg_str(1, 'scope') or arg_str(2, 'proxy id') or arg_str(3, 'reason')
+  or arg_int(4, 'ban ttl ms', 1, MAX_MS) or arg_int(5, 'ban max ttl ms', 1, MAX_MS)
+  or arg_num(6, 'jitter', -1, 1) or arg_int(7, 'strike window ms', 0, MAX_MS)
 if bad then return redis.error_reply(bad) end
 
 local scope, id = ARGV[1], ARGV[2]

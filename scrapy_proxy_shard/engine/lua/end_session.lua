@@ -11,8 +11,8 @@
 --   {"OK", ended}  ended 1 if a live session existed
 
 -- Arguments are checked before the first write (a repeat of this call changes nothing more).
-local bad = check_strings({{1, 'site'}, {2, 'session id'}})
-  or check_args({{3, 'min interval ms', 0, MAX_MS}})
+local bad = arg_str(1, 'site') or arg_str(2, 'session id')
+  or arg_int(3, 'min interval ms', 0, MAX_MS)
 if bad then return redis.error_reply(bad) end
 
 local site, sid = ARGV[1], ARGV[2]

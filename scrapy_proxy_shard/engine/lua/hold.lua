@@ -13,9 +13,9 @@
 -- Arguments are checked before the first write; a repeated call with the same token answers the
 -- first OK again.
 
-local bad = check_strings({{1, 'site'}, {2, 'member'}, {5, 'token'}, {6, 'host'}})
-  or check_args({{3, 'concurrency', 1, MAX_CONCURRENCY}, {4, 'ttl ms', 1, MAX_MS},
-    {7, 'site idle ttl ms', 1000, MAX_MS}})
+local bad = arg_str(1, 'site') or arg_str(2, 'member') or arg_str(5, 'token') or arg_str(6, 'host')
+  or arg_int(3, 'concurrency', 1, MAX_CONCURRENCY) or arg_int(4, 'ttl ms', 1, MAX_MS)
+  or arg_int(7, 'site idle ttl ms', 1000, MAX_MS)
 if bad then return redis.error_reply(bad) end
 local earlier = recall(K_MEMO)
 if earlier then
@@ -28,11 +28,12 @@ local site, member = ARGV[1], ARGV[2]
 local concurrency, ttl = tonumber(ARGV[3]), tonumber(ARGV[4])
 local token, host = ARGV[5], ARGV[6]
 local idle = tonumber(ARGV[7])
-if needs_migration() then return {'MIGRATE'} end
+local migrate, pool_seq = pool_layout()
+if migrate then return {'MIGRATE'} end
 local now = now_ms()
 local url = redis.call('HGET', K_PROXIES, id_of(member) or '')
 if not url then return {'UNKNOWN'} end
-local c = ensure_site(site, concurrency, now)
+local c = ensure_site(site, concurrency, now, pool_seq)
 local ready = K_READY
 local score = redis.call('ZSCORE', ready, member)
 if not score then

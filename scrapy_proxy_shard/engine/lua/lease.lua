@@ -32,12 +32,15 @@
 -- most LEARN_CHUNK slots of new proxies per call (see learn() in _lib.lua), so no call blocks Redis
 -- for O(N) however large the pool or the number of sites.
 
-local bad = check_strings({{1, 'site'}, {4, 'token'}, {5, 'host'}, {6, 'session id', true}})
-  or check_args({{2, 'concurrency', 1, MAX_CONCURRENCY}, {3, 'lease ttl ms', 1, MAX_MS},
-    {7, 'session ttl ms', 1, MAX_MS}, {8, 'site idle ttl ms', 1000, MAX_MS}})
+local bad = arg_str(1, 'site') or arg_str(4, 'token') or arg_str(5, 'host') or arg_str(6, 'session id', true)
+  or arg_int(2, 'concurrency', 1, MAX_CONCURRENCY) or arg_int(3, 'lease ttl ms', 1, MAX_MS)
+  or arg_int(7, 'session ttl ms', 1, MAX_MS) or arg_int(8, 'site idle ttl ms', 1000, MAX_MS)
 if bad then return redis.error_reply(bad) end
-local earlier = recall(K_MEMO)
+local earlier = redis.call('GET', K_MEMO)
 if earlier then
+  -- (a release memo: the lease ran and was released since, which its caller cannot have done without
+  -- its reply: never an OK again)
+  earlier = lease_memo_reply(earlier, ARGV[4], tonumber(ARGV[3])) or {'WAIT', 1, 'pool'}
   -- The memo keeps no URL: look it up again; a WAIT if the proxy was removed meanwhile (never an OK
   -- without a URL).
   if earlier[1] == 'OK' then
@@ -57,14 +60,19 @@ local host = ARGV[5]
 local sid = ARGV[6]
 local session_ttl = tonumber(ARGV[7])
 local idle = tonumber(ARGV[8])
-if needs_migration() then return {'MIGRATE'} end
-local now = now_ms()
+local migrate, pool_seq = pool_layout()
+if migrate then return {'MIGRATE'} end
+local now, now_str = now_ms()
 local ready = K_READY
 local rebound = 0
 local S = nil
 -- The site's circuit breaker first: open, no lease on any host; half-open, this lease is the probe.
-local breaker_wait, probing = breaker_gate(site, now)
-if breaker_wait then return breaker_wait end
+local breaker_wait, probing = nil, false
+if redis.call('EXISTS', K_BREAKER) == 1 then  -- no key: closed (the breaker helpers are defined only here)
+  --@lazy breaker_gate
+  breaker_wait, probing = breaker_gate(site, now)
+  if breaker_wait then return breaker_wait end
+end
 
 local function count_lease(id)
   redis.call('HINCRBY', K_PSTATS, id .. ':l', 1)
@@ -89,9 +97,12 @@ if sid ~= '' then
       redis.call('ZADD', ready, 'XX', now + session_ttl, member)
       touch_site(site, now + session_ttl, idle, now)
       count_lease(id)
-      if probing then breaker_probe_taken(token, now + ttl) end
-      return remember(K_MEMO,
-        {'OK', id, redis.call('HGET', K_PROXIES, id), member, token, now + ttl, now, 1, 0}, 3)
+      if probing then
+        --@lazy breaker_probe_taken
+        breaker_probe_taken(token, now + ttl)
+      end
+      return remember_lease(K_MEMO,
+        {'OK', id, redis.call('HGET', K_PROXIES, id), member, token, now + ttl, now, 1, 0}, now_str)
     end
     -- The session's proxy is banned, dead or removed: free its slot and bind a new proxy below.
     -- The binding is emptied rather than deleted, so a rebind that has to wait is still reported
@@ -111,10 +122,10 @@ if sid ~= '' then
   end
 end
 
-local _, built = ensure_site(site, concurrency, now)
+local _, built = ensure_site(site, concurrency, now, pool_seq)
 local found = redis.call('ZRANGEBYSCORE', ready, '-inf', now, 'LIMIT', 0, 1)
 if #found == 0 and not built then  -- still learning: the free ones may be unlearnt: one more page
-  _, built = ensure_site(site, concurrency, now)
+  _, built = ensure_site(site, concurrency, now, pool_seq)
   found = redis.call('ZRANGEBYSCORE', ready, '-inf', now, 'LIMIT', 0, 1)
 end
 local url = nil
@@ -169,5 +180,8 @@ redis.call('ZADD', ready, hold, member)
 redis.call('HSET', K_SITE, member, held_record(token, host, now, now + lease_ttl, sid))
 touch_site(site, hold, idle, now)
 count_lease(id)
-if probing then breaker_probe_taken(token, now + ttl) end
-return remember(K_MEMO, {'OK', id, url, member, token, now + ttl, now, session_flag, rebound}, 3)
+if probing then
+  --@lazy breaker_probe_taken
+  breaker_probe_taken(token, now + ttl)
+end
+return remember_lease(K_MEMO, {'OK', id, url, member, token, now + ttl, now, session_flag, rebound}, now_str)

@@ -20,7 +20,7 @@ if step == 'proxies' then
     end
   end
 elseif step == 'sites' then
-  local bad = check_args({{2, 'site idle ttl ms', 1000, MAX_MS}})
+  local bad = arg_int(2, 'site idle ttl ms', 1000, MAX_MS)
   if bad then return redis.error_reply(bad) end
   if #KEYS ~= 1 + (#ARGV - 2) or (#ARGV - 2) % 2 ~= 0 then
     return redis.error_reply('ERR scrapy-proxy-shard: migrate sites takes P:siteidx and a key pair per site')

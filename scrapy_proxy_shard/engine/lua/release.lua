@@ -1,6 +1,7 @@
 -- release.lua: end one use of a leased slot, record its outcome, and quarantine the proxy if banned.
--- KEYS: memo proxies bans banidx pstats hstats sstats counters siteidx site ready waiting freed session breaker brkseen pace
---        (roles in order, see engine/keyset.py: memo = P:done:release:<token>, per-site keys of ARGV[1],
+-- KEYS: lease_memo proxies bans banidx pstats hstats sstats counters siteidx site ready waiting freed session breaker brkseen pace
+--        (roles in order, see engine/keyset.py: lease_memo = P:done:lease:<token>, the lease's memo,
+--        which this release's reply overwrites (see remember_release in _lib.lua); per-site keys of ARGV[1],
 --        session = P:session:<site>:<ARGV[8]>)
 -- ARGV[1]  site
 -- ARGV[2]  member "<id>/<k>" from the lease reply
@@ -50,37 +51,48 @@
 
 -- Arguments are checked before the first write; a repeated call with the same token (a client
 -- retry) answers the first reply again without recording the outcome twice.
-local bad = check_strings({{1, 'site'}, {2, 'member'}, {3, 'token'}, {7, 'host'}, {8, 'session id', true}})
-  or check_args({{5, 'latency ms', -1, MAX_MS}, {6, 'min interval ms', 0, MAX_MS},
-    {9, 'session ttl ms', 1, MAX_MS}, {11, 'ban ttl ms', 1, MAX_MS}, {12, 'ban max ttl ms', 1, MAX_MS},
-    {13, 'jitter', -1, 1, true}, {14, 'strike window ms', 0, MAX_MS}, {15, 'ewma weight', 0, 1, true},
-    {16, 'rest after response ms', 0, MAX_MS}, {18, 'site idle ttl ms', 1000, MAX_MS},
-    {19, 'autothrottle flag', 0, 1}, {20, 'autothrottle start interval ms', 1, MAX_MS},
-    {21, 'autothrottle min interval ms', 1, MAX_MS}, {22, 'autothrottle max interval ms', 1, MAX_MS},
-    {23, 'interval factor', 0, 2, true}, {24, 'rate ban flag', 0, 1}, {25, 'autothrottle ban ttl ms', 1, MAX_MS}})
-  or check_strings({{17, 'breaker', true}})
+local bad = arg_str(1, 'site') or arg_str(2, 'member') or arg_str(3, 'token') or arg_str(7, 'host')
+  or arg_str(8, 'session id', true)
+  or arg_int(5, 'latency ms', -1, MAX_MS) or arg_int(6, 'min interval ms', 0, MAX_MS)
+  or arg_int(9, 'session ttl ms', 1, MAX_MS) or arg_int(11, 'ban ttl ms', 1, MAX_MS)
+  or arg_int(12, 'ban max ttl ms', 1, MAX_MS) or arg_num(13, 'jitter', -1, 1)
+  or arg_int(14, 'strike window ms', 0, MAX_MS) or arg_num(15, 'ewma weight', 0, 1)
+  or arg_int(16, 'rest after response ms', 0, MAX_MS)
+  or arg_int(18, 'site idle ttl ms', 1000, MAX_MS) or arg_int(19, 'autothrottle flag', 0, 1)
+  or arg_int(20, 'autothrottle start interval ms', 1, MAX_MS)
+  or arg_int(21, 'autothrottle min interval ms', 1, MAX_MS)
+  or arg_int(22, 'autothrottle max interval ms', 1, MAX_MS)
+  or arg_num(23, 'interval factor', 0, 2) or arg_int(24, 'rate ban flag', 0, 1)
+  or arg_int(25, 'autothrottle ban ttl ms', 1, MAX_MS)
+  or arg_str(17, 'breaker', true)
 if bad then return redis.error_reply(bad) end
 local breaker, bad_breaker = breaker_conf(ARGV[17])
 if bad_breaker then return redis.error_reply(bad_breaker) end
 if not id_of(ARGV[2]) then return redis.error_reply('ERR scrapy-proxy-shard: argument member must be <id>/<slot>') end
-local earlier = recall(K_MEMO)
-if earlier then return earlier end
-
 local site, member, token, outcome = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local record = redis.call('HGET', K_SITE, member)  -- the slot's held record (read once)
+local now, now_str = now_ms()
+-- A plain release whose record is still live and its own has not run before (a first run would have
+-- deleted it, and only the lease with this token writes one): only the others look for a memo.
+if ARGV[8] ~= '' or not held_with(live_record(record, now), token) then
+  local v = redis.call('GET', K_LEASE_MEMO)
+  local earlier = v and release_memo_reply(v)
+  if earlier then return earlier end
+end
+
 local latency = tonumber(ARGV[5])
 local interval = tonumber(ARGV[6])
 local rest = tonumber(ARGV[16])
 local host, sid = ARGV[7], ARGV[8]
 local session_ttl = tonumber(ARGV[9])
-local now = now_ms()
 local id = id_of(member)
 local ready = K_READY
 local status = 'OK'
-local record = redis.call('HGET', K_SITE, member)  -- the slot's held record (read once)
 
 -- Adaptive pacing: this answer updates the site's learned interval, which then paces the slot.
 local pace_iv, pace_event, last_answer, site_rest = '', '', nil, nil
 if ARGV[19] == '1' then
+  --@lazy pace_release pace_ms PACE_KEEP_MS
   local start = nil
   if held_with(record, token) then start = lease_start(record) end
   local paced, learned
@@ -99,6 +111,7 @@ if sid ~= '' then
   elseif s[1] ~= token then
     status = 'STALE'
   else
+    --@lazy held_record touch_site
     -- The session's next use follows the same pacing law as a plain slot.
     local start = lease_start(record)
     redis.call('HSET', S, 'busy', 0, 'next', paced_at(start, interval, now, rest))
@@ -131,19 +144,31 @@ if status ~= 'OK' then
 end
 
 local ban_until, strikes = 0, 0
-local spare, event = breaker_on_release(site, token, outcome, breaker, now)
+local spare, event = false, nil
+if breaker then  -- on for this host (the breaker helpers are defined only when the site's is open)
+  local b = redis.call('HMGET', K_BREAKER, 'st', 'ptok')
+  if b[1] then
+    --@lazy breaker_on_release
+    spare, event = breaker_on_release(site, token, outcome, now, b)
+  elseif outcome == 'ok' then
+    redis.call('DEL', K_BRKSEEN)  -- closed: a fine answer forgets the quarantines seen so far
+  end
+end
 if outcome == 'ok' then
-  redis.call('HINCRBY', K_PSTATS, id .. ':ok', 1)
   redis.call('HINCRBY', K_HSTATS, host .. ':ok', 1)
   redis.call('HINCRBY', K_SSTATS, site .. ':ok', 1)
-  if latency >= 0 then
+  if latency >= 0 then  -- the proxy's count and EWMA latency: one read, one write
     local alpha = tonumber(ARGV[15])
-    local old = tonumber(redis.call('HGET', K_PSTATS, id .. ':lat'))
+    local p = redis.call('HMGET', K_PSTATS, id .. ':ok', id .. ':lat')
+    local old = tonumber(p[2])
     local ewma = latency
     if old then ewma = old + alpha * (latency - old) end
-    redis.call('HSET', K_PSTATS, id .. ':lat', string.format('%.3f', ewma))
+    redis.call('HSET', K_PSTATS, id .. ':ok', istr((tonumber(p[1]) or 0) + 1), id .. ':lat', string.format('%.3f', ewma))
+  else
+    redis.call('HINCRBY', K_PSTATS, id .. ':ok', 1)
   end
 elseif outcome == 'ban' or outcome == 'dead' then
+  --@lazy ban breaker_evidence
   local scope = site
   if outcome == 'dead' then scope = '*' end
   -- responses judged a ban are ':banned' on every scope (':ban' counts quarantines started: see ban())
@@ -183,4 +208,4 @@ local reply = {status, now, ban_until, strikes}
 for _, x in ipairs(event) do reply[#reply + 1] = x end
 reply[#reply + 1] = pace_iv
 reply[#reply + 1] = pace_event
-return remember(K_MEMO, reply)
+return remember_release(K_LEASE_MEMO, reply, now_str)
