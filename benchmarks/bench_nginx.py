@@ -34,6 +34,11 @@ status-200 responses per second / ceiling. Targets (a miss prints MISS and exits
                nothing beyond noise)
   adaptive-3h  >= 0.65 of the ceiling, blocked <= 2%, every site's learned interval within 25% of the
                rule at the first sample 60 s or more after the crawl's first request
+  slow-site    (and slow-site-queue) one process x (--hosts x 16), the first vhost paced 2 s per proxy
+               (PROXY_SHARD_SITES), the others at the rule; slow-site-queue adds SCHEDULER_PRIORITY_QUEUE =
+               SiteAwarePriorityQueue: its fast vhosts' last page must come at most 0.5 x as late as with
+               Scrapy's default queue (a throttled site's requests waiting for a lease must not fill the
+               host's concurrency)
   every plugin run: all pages fetched, no unproxied request, every process exits 0
 hand-paced and rotating-3h are references without targets.
 """
