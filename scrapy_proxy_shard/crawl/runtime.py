@@ -321,7 +321,7 @@ class ShardRuntime:
     def _pacing(self, site: str, reason: str | None = None) -> dict[str, Any]:
         """The site's pacing as ``release`` keywords (the store applies the law and the randomization).
         With adaptive pacing, whether a ban of ``reason`` is rate-type (it may raise the learned interval;
-        its quarantine then starts at PROXY_SHARD_AUTOTHROTTLE_BAN_TTL)."""
+        its quarantine then starts from the site's learned rest, at least PROXY_SHARD_AUTOTHROTTLE_BAN_TTL)."""
         o = self.options_of(site)
         kw = {"min_interval": o.min_interval, "rest_after_response": o.rest_after_response,
               "randomize_interval": o.randomize_interval}
@@ -329,7 +329,7 @@ class ShardRuntime:
             kw["autothrottle"] = o.autothrottle
             kw["rate_ban"] = reason in self.settings.autothrottle_ban_reasons
             if kw["rate_ban"]:  # the pace takes the blame (and is slowed): the IP is only rested
-                kw["ban_ttl"] = self.settings.autothrottle_ban_ttl
+                kw["ban_ttl"] = o.autothrottle.ban_ttl
         return kw
 
     def interval_of(self, site: str) -> float:

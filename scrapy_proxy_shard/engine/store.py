@@ -264,6 +264,11 @@ _TEMPLATED = ("lease", "release")
 _NO_FACTOR = repr(1.0)
 
 
+def _ban_tuple(opts: BanOptions, base: float, jitter: float) -> tuple:
+    """release.lua / ban.lua's ban arguments: base TTL, cap (never below the base), jitter, strike window."""
+    return (_ms(base), _ms(max(opts.max_ttl, base)), repr(jitter), _ms(opts.strike_window))
+
+
 class _StoreBase:
     """Plans shared by both stores. Subclasses supply ``_drive`` (sync or async)."""
 
@@ -582,9 +587,8 @@ class _StoreBase:
     def _ban_args(self, proxy_wide: bool, ttl: float | None) -> tuple:
         opts = self.bans_options
         base = ttl if ttl is not None else (opts.dead_ttl if proxy_wide else opts.ttl)
-        cap = max(opts.max_ttl, base)
         jitter = -opts.jitter * self._random()  # subtractive: a capped TTL never exceeds the cap
-        return (_ms(base), _ms(cap), repr(jitter), _ms(opts.strike_window))
+        return _ban_tuple(opts, base, jitter)
 
     def _quiet_ban_args(self) -> tuple:
         """The ban arguments of a release that bans nothing (the script checks but never reads them):
@@ -592,8 +596,7 @@ class _StoreBase:
         opts = self.bans_options
         cached = self._quiet_ban
         if cached is None or cached[0] is not opts:
-            cached = self._quiet_ban = (opts, (_ms(opts.ttl), _ms(max(opts.max_ttl, opts.ttl)), repr(0.0),
-                                               _ms(opts.strike_window)))
+            cached = self._quiet_ban = (opts, _ban_tuple(opts, opts.ttl, 0.0))
         return cached[1]
 
     # --- pool administration -------------------------------------------------------------------
