@@ -253,6 +253,64 @@ def test_flushed_redis_is_restored_and_the_lease_retried(real_redis, redis_serve
     assert runtime.stats.get_value("proxy_shard/pool_restored") == 1
 
 
+def test_redis_lost_the_pool_before_this_hosts_first_lease(real_redis, redis_server):
+    """CI saw it: a host slow to start opened on a full pool, Redis restarted empty before its first
+    lease, and the host (no snapshot yet, no PROXY_SHARD_PROXIES) failed 78 of its 80 requests. The
+    snapshot is now taken at open, so it restores the pool itself."""
+    PoolStore(real_redis, namespace="t").add_proxies(POOL, URLS)
+    runtime, spider = _runtime({"PROXY_SHARD_REDIS_URL": redis_server.url, "PROXY_SHARD_POOL": POOL})
+
+    async def go():
+        await runtime.spider_opened(spider)
+        try:
+            real_redis.flushall()
+            lease = await runtime.acquire(Request("http://a.example/1"), POOL, "a.example", None)
+            return lease.proxy_url, await runtime.store.pool_size(POOL)
+        finally:
+            await runtime.spider_closed(spider)
+
+    url, size = asyncio.run(go())
+    assert url in URLS and size == len(URLS)
+    assert runtime.stats.get_value("proxy_shard/pool_restored") == 1
+
+
+def test_a_lost_pool_this_host_cannot_restore_is_waited_for_not_failed(real_redis, redis_server, caplog):
+    """No copy here (fallback off, no PROXY_SHARD_PROXIES): requests wait within MAX_WAIT for another
+    host or an operator to load the pool again, then fail with an error that says what happened."""
+    admin = PoolStore(real_redis, namespace="t")
+    admin.add_proxies(POOL, URLS)
+    runtime, spider = _runtime({"PROXY_SHARD_REDIS_URL": redis_server.url, "PROXY_SHARD_POOL": POOL,
+                                "PROXY_SHARD_FALLBACK": False, "PROXY_SHARD_MAX_WAIT": 3})
+
+    async def go():
+        await runtime.spider_opened(spider)
+        try:
+            real_redis.flushall()
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            waiting = asyncio.ensure_future(runtime.acquire(Request("http://a.example/1"), POOL, "a.example", None))
+            await asyncio.sleep(1.0)
+            assert not waiting.done()
+            await asyncio.to_thread(admin.add_proxies, POOL, URLS)  # the operator loads it again
+            lease = await waiting
+            waited = loop.time() - started
+            await runtime.finish(Request("http://a.example/1"), "ok")
+            real_redis.flushall()
+            with pytest.raises(NoProxyAvailable, match=r"'main' held no proxies .*load it again"):
+                await runtime.acquire(Request("http://a.example/2"), POOL, "a.example", None)
+            return lease, waited
+        finally:
+            await runtime.spider_closed(spider)
+
+    with caplog.at_level("WARNING"):
+        lease, waited = asyncio.run(go())
+    assert lease.proxy_url in URLS and 1.0 <= waited < 3
+    assert runtime.stats.get_value("proxy_shard/pool_lost") == 2
+    assert sum("is empty now" in r.getMessage() for r in caplog.records) == 2
+    assert sum("holds proxies again" in r.getMessage() for r in caplog.records) == 1
+    assert "Pa55word" not in caplog.text
+
+
 def test_a_flushed_pool_comes_back_with_its_running_quarantines(real_redis, redis_server):
     """The snapshot holds the bans Redis had: a restored pool must not offer a site the IP it just banned."""
     admin = PoolStore(real_redis, namespace="t")

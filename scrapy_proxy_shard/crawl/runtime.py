@@ -51,6 +51,8 @@ MIN_PAUSE = 0.05
 STOP_POLL = 0.2
 #: Pause before a request asks again after the store gave up waiting out BUSY / LOADING (seconds).
 BUSY_PAUSE = 0.2
+# A pool that held proxies and lost them (Redis restarted empty, a drain): ask again this often.
+EMPTY_POOL_PAUSE = 0.5
 STATS = "proxy_shard"
 
 
@@ -131,6 +133,8 @@ class ShardRuntime:
         #: counts them as busy, like the downloads of the slot).
         self.asking: dict[str, int] = {}
         self._opened = False
+        self._served_pools: set[str] = set()  # pools that held proxies in this crawl (empty now = lost)
+        self._lost_pools: set[str] = set()  # pools found empty after they held proxies (warned once)
         self._monitor: HostMonitor | None = None  # heartbeats + pool log line (health.py)
         self.open_error: ProxyShardError | None = None
 
@@ -172,6 +176,7 @@ class ShardRuntime:
                 logger.info("proxy_shard: pool %(pool)r: %(added)d proxies added, %(updated)d already there",
                             {"pool": pool, "added": result.added, "updated": result.updated})
             sizes = await self._pool_sizes(spider)
+            self._served_pools.update(sizes)
             self._log_engine(sizes)
             self._monitor = HostMonitor.for_runtime(self, spider, self.spider_pool(spider))
             await self._monitor.start()
@@ -418,10 +423,27 @@ class ShardRuntime:
             try:
                 result = await self.store.lease(pool, site, ttl=ttl, concurrency=concurrency,
                                                 session_id=session_id, session_ttl=s.session_ttl)
-            except UnknownPoolError:
-                if restored or not await self._restore_lost_pool(pool):
+            except UnknownPoolError as exc:
+                if not restored and await self._restore_lost_pool(pool):
+                    restored = True
+                    continue
+                if pool not in self._served_pools:  # never held proxies in this crawl: a setup error
                     raise
-                restored = True
+                # The pool held proxies and lost them, and this host has no copy to restore it from
+                # (or another host is restoring it): wait for it within MAX_WAIT, never drop the request.
+                self._warn_pool_lost(pool, exc)
+                empty = (f"pool {pool!r} held no proxies for site {site!r} within PROXY_SHARD_MAX_WAIT "
+                         f"({s.max_wait:g}s): Redis lost it or it was drained; load it again")
+                if loop.time() >= deadline:
+                    self.stats.inc_value(f"{STATS}/wait/gave_up")
+                    raise NoProxyAvailable(empty) from None
+                try:
+                    await self._until(asyncio.sleep(EMPTY_POOL_PAUSE), deadline, pool, site)
+                except NoProxyAvailable:
+                    if self._crawl_stopping():
+                        raise
+                    raise NoProxyAvailable(empty) from None
+                restored = False
                 continue
             except PoolBusy as exc:
                 # Redis answered BUSY / LOADING past the store's own retries (a store without the local
@@ -433,6 +455,8 @@ class ShardRuntime:
                 await self._until(asyncio.sleep(BUSY_PAUSE), deadline, pool, site)
                 continue
             if isinstance(result, Lease):
+                if self._lost_pools or pool not in self._served_pools:
+                    self._pool_back(pool)
                 return result
             if loop.time() >= deadline:
                 self.stats.inc_value(f"{STATS}/wait/gave_up")
@@ -515,6 +539,22 @@ class ShardRuntime:
             )
             return True
         return await self.store.pool_size(pool) > 0
+
+    def _warn_pool_lost(self, pool: str, exc: BaseException) -> None:
+        """One WARNING per loss of ``pool``: requests wait for the pool instead of failing."""
+        if pool in self._lost_pools:
+            return
+        self._lost_pools.add(pool)
+        self.stats.inc_value(f"{STATS}/pool_lost")
+        logger.warning("proxy_shard: pool %(pool)r is empty now (%(e)s) and this host has no copy to restore "
+                       "it from; requests wait for it up to PROXY_SHARD_MAX_WAIT (%(w)gs)",
+                       {"pool": pool, "e": exc, "w": self.settings.max_wait})
+
+    def _pool_back(self, pool: str) -> None:
+        self._served_pools.add(pool)
+        if pool in self._lost_pools:
+            self._lost_pools.discard(pool)
+            logger.warning("proxy_shard: pool %(pool)r holds proxies again; leasing resumed", {"pool": pool})
 
     # --- bounded waiting ------------------------------------------------------------------------
     def _stopping_event(self) -> asyncio.Event:

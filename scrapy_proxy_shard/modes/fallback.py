@@ -168,7 +168,14 @@ class FallbackPoolStore(PoolBackend):
     async def pool_size(self, pool: str) -> int:
         if self.state == "redis":
             try:
-                return await self.primary.pool_size(pool)
+                size = await self.primary.pool_size(pool)
+                if size and not self.snapshot.proxies.get(pool):
+                    # The first sight of the pool (the runtime asks at open) takes its snapshot: a host
+                    # whose first lease comes after Redis lost the pool still has a copy to restore
+                    # and a slice to fall back on.
+                    self._snapshot_at.pop(pool, None)
+                    await self._refresh_snapshot(pool)
+                return size
             except PoolUnreachable as exc:
                 await self._enter_fallback(exc)
         return len(self._my_slice(pool))
