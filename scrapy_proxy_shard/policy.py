@@ -246,12 +246,18 @@ class BanPolicy:
             return FINE
         if request.method == "HEAD" or response.status in (204, 205, 206):
             return FINE  # no body, or a partial one: nothing to judge the page by
-        page = self._html_page(request, response)
-        if isinstance(page, Verdict):
-            return page
-        if any(not page.css(selector) for selector in selectors):
-            return Verdict("ban", "missing_css")
-        size = len(page.body)
+        if selectors:
+            page = self._html_page(request, response)
+            if isinstance(page, Verdict):
+                return page
+            if any(not page.css(selector) for selector in selectors):
+                return Verdict("ban", "missing_css")
+            size = len(page.body)
+        else:  # size checks only: the decoded body is enough, no second response object to build
+            found = self._html_body(request, response)
+            if isinstance(found, Verdict):
+                return found
+            size = len(found[1])
         if rules.min_body_size is not None and size < rules.min_body_size:
             return Verdict("ban", "small_body")
         if ratio and site is not None:
@@ -267,17 +273,30 @@ class BanPolicy:
         return rules.required_css or self.required_css
 
     def _html_page(self, request: Request, response: Response) -> HtmlResponse | Verdict:
-        """The page as the spider will see it (decoded), or the verdict when there is no page to check.
+        """The page as the spider will see it (decoded), or the verdict when there is no page to check."""
+        if isinstance(response, HtmlResponse) and not response.headers.get(b"Content-Encoding"):
+            return response  # already plain; its cached selector will serve the spider too
+        found = self._html_body(request, response)
+        if isinstance(found, Verdict):
+            return found
+        cls, body = found
+        headers = response.headers.copy()
+        headers.pop(b"Content-Encoding", None)
+        return cls(url=response.url, status=response.status, headers=headers, body=body)
+
+    def _html_body(self, request: Request, response: Response) -> tuple[type[HtmlResponse], bytes] | Verdict:
+        """The HTML class and decoded body of the page, or the verdict when there is no page to check.
 
         Not HTML (images, JSON, robots.txt...) → ``FINE``: content rules describe pages, and a site's
         small text files must not count as small pages. Undecodable → ``UNKNOWN``. The class is guessed
-        as Scrapy guesses it, from the headers first, so a body is decoded only when it may be HTML.
+        as Scrapy guesses it once the body is decoded, from the headers first, so a body is decoded only
+        when it may be HTML.
         """
         encodings = response.headers.getlist(b"Content-Encoding")
         if not encodings and isinstance(response, HtmlResponse):
-            return response  # already plain; its cached selector will serve the spider too
-        headers = response.headers.copy()
-        headers.pop(b"Content-Encoding", None)
+            return type(response), response.body
+        # What Scrapy will guess once the body is decoded (a Content-Encoding makes it guess Response)
+        headers = {name: response.headers[name] for name in _TYPE_HEADERS if name in response.headers}
         cls = responsetypes.from_args(headers=headers, url=response.url)
         if cls is not Response and not issubclass(cls, HtmlResponse):
             return FINE
@@ -289,7 +308,7 @@ class BanPolicy:
             cls = responsetypes.from_args(headers=headers, url=response.url, body=body)
             if not issubclass(cls, HtmlResponse):
                 return FINE
-        return cls(url=response.url, status=response.status, headers=headers, body=body)
+        return cls, body
 
     # --- learned page sizes ------------------------------------------------------------------------
 
@@ -339,6 +358,10 @@ def url_matches(url: str, patterns: Sequence[re.Pattern[str]]) -> bool:
     host = parts.hostname or ""
     path_query = parts.path + (f"?{parts.query}" if parts.query else "")
     return any(p.search(host) or p.search(path_query) for p in patterns)
+
+
+#: The headers Scrapy's response-class guess reads besides Content-Encoding (responsetypes.from_headers).
+_TYPE_HEADERS = (b"Content-Type", b"Content-Disposition")
 
 
 def _site_or_none(url: str) -> str | None:

@@ -4,17 +4,24 @@ proxies a crawl loads at start, and platform pools (``PROXY_SHARD_PLATFORMS``)."
 from __future__ import annotations
 
 from collections.abc import Mapping
-
-import fakeredis
+from typing import TYPE_CHECKING
 
 from scrapy_proxy_shard.engine.proxies import make_proxy
 from scrapy_proxy_shard.engine.store import AsyncPoolStore
 from scrapy_proxy_shard.modes.sharding import partition_by_platform, slice_for
 from scrapy_proxy_shard.settings import ShardSettings
 
+if TYPE_CHECKING:
+    import fakeredis
+
 
 def embedded_client() -> fakeredis.FakeAsyncRedis:
-    """A private in-memory Redis (fakeredis, Lua enabled) for one process."""
+    """A private in-memory Redis (fakeredis, Lua enabled) for one process.
+
+    fakeredis is imported here, not at module level: a crawl on a real Redis never needs it (it is
+    only the embedded engine and the fallback's local slice)."""
+    import fakeredis
+
     return fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer(), decode_responses=True)
 
 def embedded_store(settings: ShardSettings) -> AsyncPoolStore:
