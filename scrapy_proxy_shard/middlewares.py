@@ -33,7 +33,7 @@ from scrapy_proxy_shard.crawl.startup import StartupGate
 from scrapy_proxy_shard.engine.proxies import mask
 from scrapy_proxy_shard.engine.schema import check_session_id
 from scrapy_proxy_shard.exceptions import InvalidSessionId, ProxyBanned, ProxyShardError, SettingError, UnknownPoolError
-from scrapy_proxy_shard.policy import FINE, Verdict
+from scrapy_proxy_shard.policy import FINE, Verdict, retry_after_seconds
 from scrapy_proxy_shard.settings import ShardSettings
 
 logger = logging.getLogger(__name__)
@@ -153,7 +153,10 @@ class BanDetectionMiddleware:
         spider = spider or self.crawler.spider
         verdict = self._response_verdict(request, response, spider)
         if verdict.kind in ("ban", "dead"):
-            result = await self.runtime.finish(request, verdict.kind, reason=verdict.reason)
+            told = None
+            if verdict.kind == "ban" and self.runtime.settings.retry_after:
+                told = retry_after_seconds(response)  # the site says when the IP may come back
+            result = await self.runtime.finish(request, verdict.kind, reason=verdict.reason, retry_after=told)
             return self._retry(request, verdict, spider, charge=not _spared(result))
         await self.runtime.finish(request, "ok" if verdict.kind == "fine" else "unknown")
         return response

@@ -19,9 +19,12 @@ from __future__ import annotations
 
 import re
 import statistics
+import time
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import timezone
+from email.utils import parsedate_to_datetime
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
@@ -343,6 +346,44 @@ class BanPolicy:
             if types and isinstance(exception, types):
                 return Verdict("dead", reason)
         return UNKNOWN
+
+
+# --- Retry-After ----------------------------------------------------------------------------------
+
+def retry_after_seconds(response: Response, now: float | None = None) -> float | None:
+    """A response's ``Retry-After`` (RFC 9110 10.2.3) in seconds from now, or ``None`` when it has none
+    or it cannot be read (a ban then gets the usual quarantine, never an error).
+
+    Delay-seconds (``120``) is taken as is; an HTTP date counts from the response's ``Date`` header
+    when it has one (the server's own clock, so host clock skew does not matter), else from ``now``
+    (default: this host's clock). A date in the past is 0.
+    """
+    raw = response.headers.get(b"Retry-After")
+    if not raw:
+        return None
+    text = raw.decode("latin-1").strip()
+    if text.isdigit():
+        return float(int(text))
+    when = _http_date(text)
+    if when is None:
+        return None
+    date = response.headers.get(b"Date")
+    base = _http_date(date.decode("latin-1").strip()) if date else None
+    if base is None:
+        base = time.time() if now is None else now
+    return max(0.0, when - base)
+
+
+def _http_date(text: str) -> float | None:
+    try:
+        parsed = parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if parsed is None:
+        return None
+    if parsed.tzinfo is None:  # RFC 850 / asctime forms carry no zone: GMT by definition
+        parsed = parsed.replace(tzinfo=timezone.utc)
+    return parsed.timestamp()
 
 
 # --- URL matching ----------------------------------------------------------------------------------

@@ -89,6 +89,7 @@ DEFAULTS: dict[str, Any] = {
     "PROXY_SHARD_BAN_MAX_TTL": 21600.0,
     "PROXY_SHARD_BAN_JITTER": 0.1,
     "PROXY_SHARD_BAN_STRIKE_WINDOW": 86400.0,
+    "PROXY_SHARD_RETRY_AFTER": True,  # a ban answer's Retry-After sets its quarantine (capped at BAN_MAX_TTL)
     "PROXY_SHARD_DEAD_TTL": 300.0,
     "PROXY_SHARD_LATENCY_EWMA_ALPHA": 0.2,
     "PROXY_SHARD_SITE_POOLS": {},
@@ -272,6 +273,7 @@ class ShardSettings:
     sites: Mapping[str, SiteOptions]
     site_groups: Mapping[str, tuple[str, ...]]
     bans: BanOptions
+    retry_after: bool
     latency_ewma_alpha: float
     site_pools: Mapping[str, str]
     proxies: Mapping[str, tuple[str, ...]]
@@ -384,6 +386,7 @@ class ShardSettings:
             sites=sites,
             site_groups=_site_groups(s),
             bans=bans,
+            retry_after=_boolean(s, "PROXY_SHARD_RETRY_AFTER"),
             latency_ewma_alpha=_number(get, "PROXY_SHARD_LATENCY_EWMA_ALPHA", minimum=0.001, maximum=1.0),
             site_pools=_site_pools(s),
             proxies=_initial_proxies(get, _name(get, "PROXY_SHARD_POOL", "pool")),

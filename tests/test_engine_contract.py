@@ -153,6 +153,19 @@ def test_ban_escalates_doubling_and_caps(store, clock):
     assert lengths[3] == pytest.approx(1.2, abs=0.06)  # capped at max_ttl
 
 
+def test_a_retry_after_quarantine_is_exact_on_every_strike_and_capped(store, clock):
+    """release(retry_after=...): the site's Retry-After is the length, whatever the strike (no
+    doubling), with no jitter, and never past the ban cap (max_ttl 1.2 s here)."""
+    store.add_proxies(POOL, URLS[:1])
+    seen = []
+    for told in (0.5, 0.5, 0.2, 60):
+        lease = lease_ok(store)
+        res = store.release(lease, outcome="ban", reason="http_429", retry_after=told)
+        seen.append((round(res.ban_until - res.now, 3), res.strikes))
+        clock.sleep(res.ban_until - res.now + 0.02)
+    assert seen == [(0.5, 1), (0.5, 2), (0.2, 3), (1.2, 4)]
+
+
 def test_jitter_shortens_within_bounds(make_store, clock):
     from scrapy_proxy_shard.settings import BanOptions
 

@@ -508,3 +508,60 @@ def test_adaptive_pacing_through_the_middlewares_learns_counts_and_rests_rate_ba
     assert lengths == {rate_id: 7, other_id: 900}
     assert h.stat("autothrottle/skip") == 1  # the 429's proxy had no clean answer on the site yet: no vote
     assert "learned intervals shop.example 0.500s" in h.runtime._monitor.logstats.values({}, 1.0)["pacing"]
+
+
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_a_ban_with_retry_after_is_quarantined_exactly_that_long(adaptive, caplog):
+    """A 429/503 that says Retry-After: the quarantine on the site is that long, not BAN_TTL (doubled
+    per strike) nor the learned rest; capped at BAN_MAX_TTL; PROXY_SHARD_RETRY_AFTER = False restores
+    BAN_TTL. Under adaptive pacing the rate ban still moves the pace (a vote, not a rest)."""
+    settings = {"PROXY_SHARD_BAN_TTL": 900, "PROXY_SHARD_BAN_MAX_TTL": 3000, "PROXY_SHARD_BAN_JITTER": 0.5,
+                "PROXY_SHARD_BAN_RETRIES": 0}
+    if adaptive:
+        settings.update({"PROXY_SHARD_AUTOTHROTTLE_ENABLED": True, "PROXY_SHARD_AUTOTHROTTLE_BAN_TTL": 2})
+    h = Harness(settings, proxies=[*PROXIES, "http://10.9.0.4:3128"])
+
+    async def one(path, status, headers):
+        request = Request(f"http://shop.example/{path}")
+        await h.lease_mw.process_request(request)
+        with contextlib.suppress(ProxyBanned):
+            await h.respond(request, status=status, body=b"slow down", headers=headers)
+        return request.meta["proxy_shard_proxy_id"]
+
+    async def scenario():
+        await h.open()
+        ids = [await one("a", 429, {"Retry-After": "7"}),
+               await one("b", 503, {"Retry-After": "Wed, 21 Oct 2026 07:28:42 GMT",
+                                    "Date": "Wed, 21 Oct 2026 07:28:00 GMT"}),
+               await one("c", 429, {"Retry-After": "86400"}),  # more than BAN_MAX_TTL
+               await one("d", 429, {"Retry-After": "soon"})]  # unreadable: the usual quarantine
+        return ids
+
+    with caplog.at_level("INFO"):
+        told, dated, capped, unreadable = run(scenario())
+    lengths = {b.proxy_id: b.until - b.since for b in h.admin.bans("default")}
+    assert round(lengths[told], 3) == 7 and round(lengths[dated], 3) == 42 and round(lengths[capped], 3) == 3000
+    if adaptive:  # a rate ban without Retry-After: AUTOTHROTTLE_BAN_TTL (2 s) less its jitter
+        assert 1 <= lengths[unreadable] <= 2
+    else:
+        assert 450 <= lengths[unreadable] <= 900  # BAN_TTL less its jitter
+    assert h.stat("bans/retry_after") == 3
+    assert "the site's Retry-After 7s" in caplog.text
+    if adaptive:
+        assert h.stat("autothrottle/skip") == 4  # each proxy's first answer on the site: counted, no vote
+
+    h2 = Harness({**settings, "PROXY_SHARD_RETRY_AFTER": False})
+
+    async def off():
+        await h2.open()
+        request = Request("http://shop.example/x")
+        await h2.lease_mw.process_request(request)
+        with contextlib.suppress(ProxyBanned):
+            await h2.respond(request, status=429, body=b"no", headers={"Retry-After": "7"})
+        return request.meta["proxy_shard_proxy_id"]
+
+    banned = run(off())
+    (ban,) = h2.admin.bans("default")
+    low, high = (1, 2) if adaptive else (450, 900)  # what the ban gets without the site's word
+    assert ban.proxy_id == banned and low <= ban.until - ban.since <= high
+    assert h2.stat("bans/retry_after") is None

@@ -493,3 +493,26 @@ def test_plain_mapping_settings_keep_the_default_size_limit():
 def test_bad_settings_name_the_setting_and_value(name, value, message):
     with pytest.raises(SettingError, match=message):
         from_settings(**{name: value})
+
+
+@pytest.mark.parametrize(("headers", "expected"), [
+    ({"Retry-After": "120"}, 120.0),
+    ({"Retry-After": " 0 "}, 0.0),
+    ({"Retry-After": "Wed, 21 Oct 2026 07:28:42 GMT", "Date": "Wed, 21 Oct 2026 07:28:00 GMT"}, 42.0),
+    ({"Retry-After": "Wednesday, 21-Oct-26 07:28:42 GMT", "Date": "Wed, 21 Oct 2026 07:28:00 GMT"}, 42.0),
+    ({"Retry-After": "Wed, 21 Oct 2026 07:27:00 GMT", "Date": "Wed, 21 Oct 2026 07:28:00 GMT"}, 0.0),  # past
+    ({"Retry-After": "Wed, 21 Oct 2026 07:28:42 GMT"}, 12.0),  # no Date: from `now`
+    ({"Retry-After": "-5"}, None),
+    ({"Retry-After": "1.5"}, None),  # RFC 9110: delay-seconds is a non-negative integer
+    ({"Retry-After": "tomorrow"}, None),
+    ({}, None),
+])
+def test_retry_after_seconds_reads_both_forms_and_ignores_the_rest(headers, expected):
+    from datetime import datetime, timezone
+
+    from scrapy_proxy_shard.policy import retry_after_seconds
+
+    now = datetime(2026, 10, 21, 7, 28, 30, tzinfo=timezone.utc).timestamp()
+    response = Response("http://shop.example/", status=429, headers=headers)
+    got = retry_after_seconds(response, now=now)
+    assert got == (pytest.approx(expected) if expected is not None else None)

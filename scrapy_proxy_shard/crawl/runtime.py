@@ -656,8 +656,12 @@ class ShardRuntime:
         else:
             await self.store.wait_for_release(pool, site, min(pause, MAX_BLOCK))
 
-    async def finish(self, request: Request, outcome: str, *, reason: str | None = None) -> ReleaseResult | None:
-        """Release ``request``'s lease with its outcome, once (later calls are no-ops)."""
+    async def finish(self, request: Request, outcome: str, *, reason: str | None = None,
+                     retry_after: float | None = None) -> ReleaseResult | None:
+        """Release ``request``'s lease with its outcome, once (later calls are no-ops).
+
+        ``retry_after``: the site's Retry-After of a ban answer (seconds): the quarantine lasts that long.
+        """
         entry = self._inflight.pop(request, None)
         if entry is None:
             return None
@@ -665,10 +669,11 @@ class ShardRuntime:
         self._held.pop(lease.token, None)
         latency = asyncio.get_running_loop().time() - entry.started if outcome == "ok" else None
         try:
-            result = await self.store.release(
-                lease, outcome=outcome, latency=latency, **self._pacing(lease.site, reason),
-                reason=reason, session_ttl=self.settings.session_ttl,
-            )
+            how = self._pacing(lease.site, reason)
+            if retry_after is not None:
+                how["retry_after"] = retry_after
+            result = await self.store.release(lease, outcome=outcome, latency=latency, reason=reason,
+                                              session_ttl=self.settings.session_ttl, **how)
         except PoolBackendError as exc:
             self.stats.inc_value(f"{STATS}/release/errors")
             logger.warning("proxy_shard: release failed (the lease expires by itself): %(e)s", {"e": exc})
@@ -693,10 +698,14 @@ class ShardRuntime:
                 )
             else:
                 logger.info(
-                    "proxy_shard: %(scope)s quarantine of proxy %(proxy)s (%(reason)s, strike %(strikes)d, %(ttl).1fs)",
+                    "proxy_shard: %(scope)s quarantine of proxy %(proxy)s (%(reason)s, strike %(strikes)d, "
+                    "%(ttl).1fs%(told)s)",
                     {"scope": scope, "proxy": lease.proxy_id, "reason": reason or outcome, "strikes": result.strikes,
-                     "ttl": result.ban_until - result.now},
+                     "ttl": result.ban_until - result.now,
+                     "told": "" if retry_after is None else f", the site's Retry-After {retry_after:g}s"},
                 )
+                if retry_after is not None:
+                    self.stats.inc_value(f"{STATS}/bans/retry_after")
         if result.breaker is not None:
             self._breaker_event(lease, result.breaker, reason or outcome)
         if lease.session_id and request.meta.get("proxy_shard_end_session"):

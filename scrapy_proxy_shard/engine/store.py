@@ -426,7 +426,8 @@ class _StoreBase:
                 min_interval: float = 0.0, reason: str | None = None,
                 session_ttl: float = 600.0, ban_ttl: float | None = None,
                 rest_after_response: float = 0.0, randomize_interval: bool = False,
-                autothrottle: AutothrottleOptions | None = None, rate_ban: bool = False):
+                autothrottle: AutothrottleOptions | None = None, rate_ban: bool = False,
+                retry_after: float | None = None):
         """Give a slot back with the request's outcome; ``ban``/``dead`` quarantine the proxy.
 
         Pacing (on the Redis clock): the slot is free again at the later of the lease's start +
@@ -438,17 +439,25 @@ class _StoreBase:
         ``autothrottle`` (enabled): the site's interval learned in Redis for all hosts replaces
         ``min_interval`` (randomized the same way); this answer updates it first: ``rate_ban`` says the
         ban is rate-type (a 429, a challenge...), which may raise it; clean answers lower it.
+
+        ``retry_after`` (a ban only): the site's ``Retry-After`` in seconds. The quarantine on the site
+        lasts exactly that long (capped at the ban cap, no doubling, no jitter) instead of the ban TTL
+        or the learned rest: the site said when the IP may come back. A rate ban still moves the pace.
         """
         return self._run(self._release_request, self._release_done, lease, outcome, latency, min_interval, reason,
-                         session_ttl, ban_ttl, rest_after_response, randomize_interval, autothrottle, rate_ban)
+                         session_ttl, ban_ttl, rest_after_response, randomize_interval, autothrottle, rate_ban,
+                         retry_after)
 
     def _release_request(self, lease, outcome, latency, min_interval, reason, session_ttl, ban_ttl,
                          rest_after_response=0.0, randomize_interval=False, autothrottle=None,
-                         rate_ban=False) -> _Script:
+                         rate_ban=False, retry_after=None) -> _Script:
         if outcome not in OUTCOMES:
             raise ValueError(f"outcome must be one of {OUTCOMES}, got {outcome!r}")
         adaptive = autothrottle is not None and autothrottle.enabled
-        if outcome == "ban" or outcome == "dead" or ban_ttl is not None:
+        told = retry_after is not None and outcome == "ban"
+        if told:
+            ban_args = self._told_ban_args(retry_after)
+        elif outcome == "ban" or outcome == "dead" or ban_ttl is not None:
             # A rate ban under adaptive pacing blames the pace (which is raised), not the IP: release.lua
             # rests the IP for the site's learned rest from the first strike when the proxy's previous
             # answer on the site was clean, and escalates as usual when it was a ban.
@@ -464,7 +473,8 @@ class _StoreBase:
             pace_args = (
                 "1", *(max(1, _ms(getattr(autothrottle, name), name))
                        for name in ("start_interval", "min_interval", "max_interval")),
-                repr(factor), "1" if rate_ban and outcome == "ban" else "0",
+                # "2": a rate ban whose quarantine the site set (Retry-After): the pace moves, the rest does not
+                repr(factor), ("2" if told else "1") if rate_ban and outcome == "ban" else "0",
                 max(1, _ms(autothrottle.ban_ttl, "autothrottle ban_ttl")),
             )
         else:
@@ -589,6 +599,13 @@ class _StoreBase:
         base = ttl if ttl is not None else (opts.dead_ttl if proxy_wide else opts.ttl)
         jitter = -opts.jitter * self._random()  # subtractive: a capped TTL never exceeds the cap
         return _ban_tuple(opts, base, jitter)
+
+    def _told_ban_args(self, seconds: float) -> tuple:
+        """A quarantine of exactly ``seconds`` (a site's Retry-After), capped at the ban cap: the cap
+        is the base, so no strike doubles it, and no jitter shortens it."""
+        opts = self.bans_options
+        ms = max(1, _ms(min(max(0.0, float(seconds)), opts.max_ttl), "retry_after"))
+        return (ms, ms, "0.0", _ms(opts.strike_window))
 
     def _quiet_ban_args(self) -> tuple:
         """The ban arguments of a release that bans nothing (the script checks but never reads them):
@@ -1118,7 +1135,8 @@ class PoolBackend(Protocol):
                       min_interval: float = 0.0, reason: str | None = None,
                       session_ttl: float = 600.0, ban_ttl: float | None = None,
                       rest_after_response: float = 0.0, randomize_interval: bool = False,
-                      autothrottle: AutothrottleOptions | None = None, rate_ban: bool = False) -> ReleaseResult:
+                      autothrottle: AutothrottleOptions | None = None, rate_ban: bool = False,
+                      retry_after: float | None = None) -> ReleaseResult:
         """Give a slot back: free again at max(lease start + min_interval, now + rest_after_response)."""
         ...
 

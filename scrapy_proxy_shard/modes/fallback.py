@@ -221,10 +221,12 @@ class FallbackPoolStore(PoolBackend):
                       min_interval: float = 0.0, reason: str | None = None,
                       session_ttl: float = 600.0, ban_ttl: float | None = None,
                       rest_after_response: float = 0.0, randomize_interval: bool = False,
-                      autothrottle: AutothrottleOptions | None = None, rate_ban: bool = False) -> ReleaseResult:
+                      autothrottle: AutothrottleOptions | None = None, rate_ban: bool = False,
+                      retry_after: float | None = None) -> ReleaseResult:
         how = {"outcome": outcome, "latency": latency, "min_interval": min_interval, "reason": reason,
                "session_ttl": session_ttl, "ban_ttl": ban_ttl, "rest_after_response": rest_after_response,
-               "randomize_interval": randomize_interval, "autothrottle": autothrottle, "rate_ban": rate_ban}
+               "randomize_interval": randomize_interval, "autothrottle": autothrottle, "rate_ban": rate_ban,
+               "retry_after": retry_after}
         local = self._local_leases.pop(lease.token, None)
         if local is not None:
             result = await self._ensure_local().release(lease, **how)
@@ -249,8 +251,8 @@ class FallbackPoolStore(PoolBackend):
             # The Redis lease runs out by itself; a ban verdict is kept locally and replayed later.
             if outcome in ("ban", "dead") and self.local is not None:
                 scope = None if outcome == "dead" else lease.site
-                await self._quietly(self.local.ban(lease.pool, lease.proxy_id, site=scope,
-                                                   reason=reason or outcome))
+                await self._quietly(self.local.ban(lease.pool, lease.proxy_id, site=scope, reason=reason or outcome,
+                                                   ttl=retry_after if outcome == "ban" else None))
             return ReleaseResult("lost", time.time())
 
     async def end_session(self, pool: str, site: str, session_id: str, *, min_interval: float = 0.0) -> bool:

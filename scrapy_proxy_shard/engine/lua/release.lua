@@ -31,7 +31,9 @@
 --          see pace_release in _lib.lua), "0" off (ARGV[20..24] are then ignored)
 -- ARGV[20] learned interval to start from, ms    ARGV[21] its minimum, ms    ARGV[22] its maximum, ms
 -- ARGV[23] factor the learned interval is paced with (the caller's randomization draw; "1" for none)
--- ARGV[24] "1" when this ban is rate-type (PROXY_SHARD_AUTOTHROTTLE_BAN_REASONS), else "0"
+-- ARGV[24] "1" when this ban is rate-type (PROXY_SHARD_AUTOTHROTTLE_BAN_REASONS), "2" when it is and
+--          the site set its quarantine (Retry-After, in ARGV[11..12]: the pace moves, the learned rest
+--          does not replace it), else "0"
 -- ARGV[25] the shortest rest after a rate ban that followed a clean answer, ms (AUTOTHROTTLE_BAN_TTL):
 --          the site's learned rest never goes below it (see pace_release)
 -- Replies:
@@ -62,7 +64,7 @@ local bad = arg_str(1, 'site') or arg_str(2, 'member') or arg_str(3, 'token') or
   or arg_int(20, 'autothrottle start interval ms', 1, MAX_MS)
   or arg_int(21, 'autothrottle min interval ms', 1, MAX_MS)
   or arg_int(22, 'autothrottle max interval ms', 1, MAX_MS)
-  or arg_num(23, 'interval factor', 0, 2) or arg_int(24, 'rate ban flag', 0, 1)
+  or arg_num(23, 'interval factor', 0, 2) or arg_int(24, 'rate ban flag', 0, 2)
   or arg_int(25, 'autothrottle ban ttl ms', 1, MAX_MS)
   or arg_str(17, 'breaker', true)
 if bad then return redis.error_reply(bad) end
@@ -96,7 +98,7 @@ if ARGV[19] == '1' then
   local start = nil
   if held_with(record, token) then start = lease_start(record) end
   local paced, learned
-  paced, pace_event, learned, last_answer, site_rest = pace_release(site, id, start, outcome, ARGV[24] == '1',
+  paced, pace_event, learned, last_answer, site_rest = pace_release(site, id, start, outcome, ARGV[24] ~= '0',
     tonumber(ARGV[20]), tonumber(ARGV[21]), tonumber(ARGV[22]), tonumber(ARGV[25]), now)
   interval = math.floor(paced * tonumber(ARGV[23]) + 0.5)
   pace_iv = pace_ms(learned)
