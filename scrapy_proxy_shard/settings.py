@@ -107,6 +107,7 @@ DEFAULTS: dict[str, Any] = {
     "PROXY_SHARD_LOGSTATS_INTERVAL": 60.0,
     "PROXY_SHARD_MODE": "auto",
     "PROXY_SHARD_REDIS_CLUSTER": False,
+    "PROXY_SHARD_REDIS_PIPELINE": True,  # lease/release scripts pipelined on one connection (plain client)
     "PROXY_SHARD_REDIS_SENTINELS": None,
     "PROXY_SHARD_REDIS_SENTINEL_MASTER": None,
     "PROXY_SHARD_HOSTS": None,
@@ -288,6 +289,7 @@ class ShardSettings:
     mode: str
     requested_mode: str
     redis_cluster: bool
+    redis_pipeline: bool  # PROXY_SHARD_REDIS_PIPELINE: script calls pipelined on one connection (engine/pipeline.py)
     redis_sentinels: tuple[tuple[str, int], ...]
     redis_sentinel_master: str | None
     hosts: tuple[str, ...]
@@ -397,6 +399,7 @@ class ShardSettings:
             mode=_mode(get, redis_url or get("PROXY_SHARD_REDIS_SENTINELS")),
             requested_mode=get("PROXY_SHARD_MODE"),
             redis_cluster=_boolean(s, "PROXY_SHARD_REDIS_CLUSTER"),
+            redis_pipeline=_boolean(s, "PROXY_SHARD_REDIS_PIPELINE"),
             redis_sentinels=_sentinels(get),
             redis_sentinel_master=_sentinel_master(get),
             hosts=_hosts(get, host_id),

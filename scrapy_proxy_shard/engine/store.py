@@ -39,6 +39,7 @@ from scrapy_proxy_shard.engine import schema as keys
 from scrapy_proxy_shard.engine.bans import BanOptions
 from scrapy_proxy_shard.engine.breaker import BreakerEvent, BreakerOptions, BreakerState
 from scrapy_proxy_shard.engine.pacing import AutothrottleOptions, PaceState
+from scrapy_proxy_shard.engine.pipeline import pipeline_for
 from scrapy_proxy_shard.engine.proxies import Proxy, make_proxy, mask, parse_proxy, proxy_id
 from scrapy_proxy_shard.engine.scripts import register_all
 from scrapy_proxy_shard.exceptions import PoolBackendError, PoolBusy, PoolUnreachable, UnknownPoolError
@@ -1154,7 +1155,15 @@ class PoolBackend(Protocol):
 
 class AsyncPoolStore(_StoreBase, PoolBackend):
     """asyncio store (redis.asyncio): what the Scrapy middlewares use. Implements ``PoolBackend``
-    (its methods come from ``_StoreBase``: each returns the coroutine ``_drive`` makes)."""
+    (its methods come from ``_StoreBase``: each returns the coroutine ``_drive`` makes).
+
+    ``pipeline`` (``PROXY_SHARD_REDIS_PIPELINE``): on a plain ``redis.asyncio.Redis``, script calls go
+    through one pipelined connection of their own (``engine/pipeline.py``) instead of redis-py's
+    command path; other commands, and other clients, always use the client's own path."""
+
+    def __init__(self, client: Any, *, pipeline: bool = True, **kwargs: Any) -> None:
+        super().__init__(client, **kwargs)
+        self._pipe = pipeline_for(client) if pipeline else None
 
     @property
     def where(self) -> str:
@@ -1217,6 +1226,13 @@ class AsyncPoolStore(_StoreBase, PoolBackend):
     async def _execute(self, request: Any) -> Any:
         if type(request) is _Script:  # EVALSHA straight away, loading a lost script again (PoolStore's)
             script, names = self._scripts[request.name], request.keys
+            pipe = self._pipe
+            if pipe is not None:
+                try:
+                    return await pipe.execute(("EVALSHA", script.sha, len(names), *names, *request.args))
+                except redis.exceptions.NoScriptError:
+                    script.sha = await self.client.script_load(script.script)
+                    return await pipe.execute(("EVALSHA", script.sha, len(names), *names, *request.args))
             try:
                 return await self.client.execute_command("EVALSHA", script.sha, len(names), *names, *request.args)
             except redis.exceptions.NoScriptError:
@@ -1225,6 +1241,8 @@ class AsyncPoolStore(_StoreBase, PoolBackend):
         return await self.client.execute_command(*request.args)
 
     async def aclose(self) -> None:
+        if self._pipe is not None:
+            await self._pipe.aclose()
         await self.client.aclose()
 
 
