@@ -26,6 +26,7 @@ from scrapy import Request, Spider
 from scrapy.downloadermiddlewares.retry import get_retry_request
 from scrapy.exceptions import IgnoreRequest, NotConfigured
 from scrapy.http import Response
+from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.misc import build_from_crawler, load_object
 
 from scrapy_proxy_shard.crawl.runtime import STATS, ShardRuntime
@@ -97,7 +98,8 @@ class ProxyShardMiddleware:
         spider = spider or getattr(self.crawler, "spider", None)
         try:
             pool = self.runtime.pool_for(request, spider)
-            site = self.runtime.sites.key_for_request(request)
+            host = urlparse_cached(request).hostname  # parsed once per request by Scrapy (cached)
+            site = self.runtime.sites.key_for_host(host) if host else self.runtime.sites.key_for_request(request)
             session = _session_id(request, self.runtime.stats)
             lease = await self.runtime.acquire(request, pool, site, session)
         except (UnknownPoolError, SettingError) as exc:

@@ -565,3 +565,21 @@ def test_a_ban_with_retry_after_is_quarantined_exactly_that_long(adaptive, caplo
     low, high = (1, 2) if adaptive else (450, 900)  # what the ban gets without the site's word
     assert ban.proxy_id == banned and low <= ban.until - ban.since <= high
     assert h2.stat("bans/retry_after") is None
+
+
+def test_the_site_key_comes_from_the_host_name_and_its_group():
+    """The lease middleware keys a request by its host's registrable domain, or that domain's site
+    group, whatever the case of the URL (the host-name cache must not split one site in two)."""
+    h = Harness({"PROXY_SHARD_SITE_GROUPS": {"shops": ["shop.example", "shop.co.uk"]}})
+
+    async def scenario():
+        await h.open()
+        slots = []
+        for url in ("http://WWW.Shop.co.uk/a", "http://www.shop.co.uk/b", "http://m.shop.example/c",
+                    "http://other.example.org/d", "http://127.0.0.1:8080/e"):
+            request = Request(url)
+            await h.lease_mw.process_request(request)
+            slots.append(request.meta["download_slot"].split("|")[0])
+        return slots
+
+    assert run(scenario()) == ["shops", "shops", "shops", "example.org", "127.0.0.1"]

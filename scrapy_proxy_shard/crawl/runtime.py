@@ -53,6 +53,8 @@ STOP_POLL = 0.2
 BUSY_PAUSE = 0.2
 # A pool that held proxies and lost them (Redis restarted empty, a drain): ask again this often.
 EMPTY_POOL_PAUSE = 0.5
+# (pool, site) pairs remembered as exhausted (asks go through the gate); beyond it, forgotten at once.
+EXHAUSTED_SITES = 10_000
 STATS = "proxy_shard"
 
 
@@ -135,6 +137,7 @@ class ShardRuntime:
         self._opened = False
         self._served_pools: set[str] = set()  # pools that held proxies in this crawl (empty now = lost)
         self._lost_pools: set[str] = set()  # pools found empty after they held proxies (warned once)
+        self._exhausted: set[tuple[str, str]] = set()  # (pool, site) whose last ask here got a wait
         self._monitor: HostMonitor | None = None  # heartbeats + pool log line (health.py)
         self.open_error: ProxyShardError | None = None
 
@@ -380,14 +383,22 @@ class ShardRuntime:
         slot = self._download_slot(request)
         self.asking[slot] = self.asking.get(slot, 0) + 1
         try:
-            if self._gate.idle(key):
-                await gate.__aenter__()  # uncontended: taken at once, even with PROXY_SHARD_MAX_WAIT = 0
-            else:
-                await self._until(gate.__aenter__(), deadline, pool, site, release=gate.__aexit__)
-            try:
-                result = await self._lease_loop(pool, site, session_id, ttl, deadline)
-            finally:
-                await gate.__aexit__(None, None, None)
+            result = None
+            if session_id is None and (pool, site) not in self._exhausted and not self._gate.idle(key):
+                # The site had a free slot at this host's last ask: ask at once, beside the request
+                # holding the gate. The gate serialises asks only while the site is exhausted (one
+                # asker, not a herd of futile round trips); before that it would only queue requests
+                # that Redis can serve now, one round trip at a time.
+                result = await self._ask_once(pool, site, ttl)
+            if result is None:
+                if self._gate.idle(key):
+                    await gate.__aenter__()  # uncontended: taken at once, even with PROXY_SHARD_MAX_WAIT = 0
+                else:
+                    await self._until(gate.__aenter__(), deadline, pool, site, release=gate.__aexit__)
+                try:
+                    result = await self._lease_loop(pool, site, session_id, ttl, deadline)
+                finally:
+                    await gate.__aexit__(None, None, None)
         finally:
             left = self.asking[slot] - 1
             if left:
@@ -400,6 +411,27 @@ class ShardRuntime:
         self._record(request, result, session_id, site)
         self.crawler.signals.send_catch_log(shard_signals.lease_acquired, request=request, lease=result, waited=waited)
         return result
+
+    async def _ask_once(self, pool: str, site: str, ttl: float) -> Lease | None:
+        """One lease call outside the gate: the lease, or None (a wait, or any error) after which the
+        request goes the gated way (``_lease_loop`` handles waits, restores and stalls)."""
+        self._check_stopping(pool, site)
+        try:
+            result = await self.store.lease(pool, site, ttl=ttl, concurrency=self.options_of(site).concurrency,
+                                            session_ttl=self.settings.session_ttl)
+        except ProxyShardError:
+            return None
+        if isinstance(result, Lease):
+            if self._lost_pools or pool not in self._served_pools:
+                self._pool_back(pool)
+            return result
+        self._note_exhausted(pool, site)
+        return None
+
+    def _note_exhausted(self, pool: str, site: str) -> None:
+        if len(self._exhausted) >= EXHAUSTED_SITES:
+            self._exhausted.clear()
+        self._exhausted.add((pool, site))
 
     def _download_slot(self, request: Request) -> str:
         """The Scrapy download slot ``request`` will use (``download_slot`` meta, else its host name)."""
@@ -457,7 +489,11 @@ class ShardRuntime:
             if isinstance(result, Lease):
                 if self._lost_pools or pool not in self._served_pools:
                     self._pool_back(pool)
+                if session_id is None:
+                    self._exhausted.discard((pool, site))
                 return result
+            if session_id is None:
+                self._note_exhausted(pool, site)
             if loop.time() >= deadline:
                 self.stats.inc_value(f"{STATS}/wait/gave_up")
                 raise NoProxyAvailable(

@@ -19,6 +19,8 @@ import tldextract
 
 from scrapy_proxy_shard.exceptions import SettingError
 
+#: Host names whose key SiteMap keeps (a broad crawl sees more: the cache is simply started again).
+HOST_CACHE = 4096
 _extract = tldextract.TLDExtract(suffix_list_urls=(), cache_dir=None)
 #: A site key (registrable domain, IP or site group): it is part of Redis keys and ban scopes, so it
 #: starts with a letter or digit (``*`` is the proxy-wide ban scope and never a site) and has no
@@ -89,6 +91,7 @@ class SiteMap:
 
     def __init__(self, groups: Mapping[str, Iterable[str]] | None = None) -> None:
         self._group_of: dict[str, str] = {}
+        self._by_host: dict[str, str] = {}  # host name -> key: every request asks, most of one host
         for group, members in (groups or {}).items():
             if not isinstance(group, str) or not SITE_KEY_RE.fullmatch(group):
                 raise SettingError(
@@ -113,6 +116,17 @@ class SiteMap:
     def key_for_url(self, url: str) -> str:
         site = site_of_url(url)
         return self._group_of.get(site, site)
+
+    def key_for_host(self, host: str) -> str:
+        """The key of a host name as a parsed URL gives it (lower case): one dict lookup once seen."""
+        key = self._by_host.get(host)
+        if key is None:
+            site = registrable_domain(host)
+            key = self._group_of.get(site, site)
+            if len(self._by_host) >= HOST_CACHE:
+                self._by_host.clear()
+            self._by_host[host] = key
+        return key
 
     def key_for_request(self, request) -> str:
         site = site_of_request(request)
