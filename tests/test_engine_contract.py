@@ -153,17 +153,25 @@ def test_ban_escalates_doubling_and_caps(store, clock):
     assert lengths[3] == pytest.approx(1.2, abs=0.06)  # capped at max_ttl
 
 
-def test_a_retry_after_quarantine_is_exact_on_every_strike_and_capped(store, clock):
-    """release(retry_after=...): the site's Retry-After is the length, whatever the strike (no
-    doubling), with no jitter, and never past the ban cap (max_ttl 1.2 s here)."""
+def test_a_retry_after_quarantine_is_exact_until_the_sites_word_proves_wrong(store, clock):
+    """release(retry_after=...): the site's Retry-After is the length, with no jitter and never past
+    the ban cap (max_ttl 1.2 s here), whatever the strike, as long as the IP came back clean for a
+    while (here: longer than its quarantine). Banned again within one quarantine length of its
+    return, the IP gets the usual escalation (ttl 0.3 s doubling per strike, capped)."""
     store.add_proxies(POOL, URLS[:1])
     seen = []
-    for told in (0.5, 0.5, 0.2, 60):
-        lease = lease_ok(store)
-        res = store.release(lease, outcome="ban", reason="http_429", retry_after=told)
+
+    def ban(told, back_after):
+        res = store.release(lease_ok(store), outcome="ban", reason="http_429", retry_after=told)
         seen.append((round(res.ban_until - res.now, 3), res.strikes))
-        clock.sleep(res.ban_until - res.now + 0.02)
-    assert seen == [(0.5, 1), (0.5, 2), (0.2, 3), (1.2, 4)]
+        clock.sleep(res.ban_until - res.now + back_after)
+
+    ban(0.5, 0.6)  # back clean for longer than its quarantine
+    ban(0.2, 0.25)
+    ban(60, 0.02)  # capped at 1.2 s; then banned again right after its return
+    ban(0.1, 0.02)  # the word proved wrong: the ladder, strike 4 = 0.3 x 8 capped at 1.2 s
+    ban(0.1, 0.0)
+    assert seen == [(0.5, 1), (0.2, 2), (1.2, 3), (1.2, 4), (1.2, 5)]  # not 0.1: the ladder
 
 
 def test_jitter_shortens_within_bounds(make_store, clock):

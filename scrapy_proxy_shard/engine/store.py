@@ -442,8 +442,10 @@ class _StoreBase:
         ban is rate-type (a 429, a challenge...), which may raise it; clean answers lower it.
 
         ``retry_after`` (a ban only): the site's ``Retry-After`` in seconds. The quarantine on the site
-        lasts exactly that long (capped at the ban cap, no doubling, no jitter) instead of the ban TTL
-        or the learned rest: the site said when the IP may come back. A rate ban still moves the pace.
+        lasts exactly that long (capped at the ban cap, no jitter) instead of the ban TTL or the learned
+        rest: the site said when the IP may come back. Unless the site's word proved wrong: an IP
+        banned again within one quarantine length of its return gets the usual escalating quarantine
+        (a site that says ``Retry-After: 1`` to an IP it blocks for good). A rate ban still moves the pace.
         """
         return self._run(self._release_request, self._release_done, lease, outcome, latency, min_interval, reason,
                          session_ttl, ban_ttl, rest_after_response, randomize_interval, autothrottle, rate_ban,
@@ -455,10 +457,10 @@ class _StoreBase:
         if outcome not in OUTCOMES:
             raise ValueError(f"outcome must be one of {OUTCOMES}, got {outcome!r}")
         adaptive = autothrottle is not None and autothrottle.enabled
-        told = retry_after is not None and outcome == "ban"
-        if told:
-            ban_args = self._told_ban_args(retry_after)
-        elif outcome == "ban" or outcome == "dead" or ban_ttl is not None:
+        told = 0  # the site's Retry-After, ms (release.lua ARGV[26]; 0: none)
+        if retry_after is not None and outcome == "ban":
+            told = max(1, _ms(min(max(0.0, float(retry_after)), self.bans_options.max_ttl), "retry_after"))
+        if outcome == "ban" or outcome == "dead" or ban_ttl is not None:
             # A rate ban under adaptive pacing blames the pace (which is raised), not the IP: release.lua
             # rests the IP for the site's learned rest from the first strike when the proxy's previous
             # answer on the site was clean, and escalates as usual when it was a ban.
@@ -474,8 +476,7 @@ class _StoreBase:
             pace_args = (
                 "1", *(max(1, _ms(getattr(autothrottle, name), name))
                        for name in ("start_interval", "min_interval", "max_interval")),
-                # "2": a rate ban whose quarantine the site set (Retry-After): the pace moves, the rest does not
-                repr(factor), ("2" if told else "1") if rate_ban and outcome == "ban" else "0",
+                repr(factor), "1" if rate_ban and outcome == "ban" else "0",
                 max(1, _ms(autothrottle.ban_ttl, "autothrottle ban_ttl")),
             )
         else:
@@ -489,7 +490,7 @@ class _StoreBase:
             interval, self.host_id, session,
             _ms(max(session_ttl, 0.001)), _reason(reason or outcome), *ban_args,
             repr(float(self.ewma_alpha)), _ms(rest_after_response, "rest_after_response"),
-            self._breaker_arg(site), self.site_idle_ms, *pace_args,
+            self._breaker_arg(site), self.site_idle_ms, *pace_args, told,
         ))
 
     def _release_done(self, reply, request, *_) -> ReleaseResult:
@@ -600,13 +601,6 @@ class _StoreBase:
         base = ttl if ttl is not None else (opts.dead_ttl if proxy_wide else opts.ttl)
         jitter = -opts.jitter * self._random()  # subtractive: a capped TTL never exceeds the cap
         return _ban_tuple(opts, base, jitter)
-
-    def _told_ban_args(self, seconds: float) -> tuple:
-        """A quarantine of exactly ``seconds`` (a site's Retry-After), capped at the ban cap: the cap
-        is the base, so no strike doubles it, and no jitter shortens it."""
-        opts = self.bans_options
-        ms = max(1, _ms(min(max(0.0, float(seconds)), opts.max_ttl), "retry_after"))
-        return (ms, ms, "0.0", _ms(opts.strike_window))
 
     def _quiet_ban_args(self) -> tuple:
         """The ban arguments of a release that bans nothing (the script checks but never reads them):

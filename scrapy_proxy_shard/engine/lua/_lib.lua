@@ -347,22 +347,31 @@ end
 -- ban) does not add a strike. `fresh`: start again from the first strike (an adaptive-pacing rate ban
 -- of a proxy whose previous answer on the site was clean: the pace, not the IP, was at fault). Returns
 -- until_ms, strikes, and 1 if this call started the quarantine.
-local function ban(scope, id, reason, base_ms, max_ms, jitter, window_ms, now, fresh)
+local function ban(scope, id, reason, base_ms, max_ms, jitter, window_ms, now, fresh, told_ms)
   local field = scope .. '|' .. id
   local prev = redis.call('HGET', K_BANS, field)
   local strikes = 0
+  local wrong = false  -- banned again within one quarantine length of its return
   if prev then
-    local p_until, p_strikes = string.match(prev, '^(%d+)|(%d+)|')
+    local p_until, p_strikes, p_since = string.match(prev, '^(%d+)|(%d+)|[^|]*|(%d+)')
     p_until = tonumber(p_until)
     p_strikes = tonumber(p_strikes)
     if p_until > now then return p_until, p_strikes, 0 end
     if now - p_until < window_ms and not fresh then strikes = p_strikes end
+    p_since = tonumber(p_since)
+    wrong = p_since ~= nil and now - p_until < p_until - p_since
   end
   strikes = strikes + 1
-  local ttl = base_ms * math.pow(2, strikes - 1)
-  if ttl > max_ms then ttl = max_ms end
-  ttl = math.floor(ttl * (1 + jitter))
-  if ttl < 1 then ttl = 1 end
+  local ttl
+  if told_ms and told_ms > 0 and not wrong then
+    -- the site's Retry-After: exactly that long (the caller caps it), unless its word proved wrong
+    ttl = told_ms
+  else
+    ttl = base_ms * math.pow(2, strikes - 1)
+    if ttl > max_ms then ttl = max_ms end
+    ttl = math.floor(ttl * (1 + jitter))
+    if ttl < 1 then ttl = 1 end
+  end
   local until_ms = now + ttl
   redis.call('HSET', K_BANS, field, istr(until_ms) .. '|' .. strikes .. '|' .. reason .. '|' .. istr(now))
   redis.call('ZADD', K_BANIDX, until_ms + window_ms, field)

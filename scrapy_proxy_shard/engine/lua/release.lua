@@ -31,11 +31,12 @@
 --          see pace_release in _lib.lua), "0" off (ARGV[20..24] are then ignored)
 -- ARGV[20] learned interval to start from, ms    ARGV[21] its minimum, ms    ARGV[22] its maximum, ms
 -- ARGV[23] factor the learned interval is paced with (the caller's randomization draw; "1" for none)
--- ARGV[24] "1" when this ban is rate-type (PROXY_SHARD_AUTOTHROTTLE_BAN_REASONS), "2" when it is and
---          the site set its quarantine (Retry-After, in ARGV[11..12]: the pace moves, the learned rest
---          does not replace it), else "0"
+-- ARGV[24] "1" when this ban is rate-type (PROXY_SHARD_AUTOTHROTTLE_BAN_REASONS), else "0"
 -- ARGV[25] the shortest rest after a rate ban that followed a clean answer, ms (AUTOTHROTTLE_BAN_TTL):
 --          the site's learned rest never goes below it (see pace_release)
+-- ARGV[26] the site's Retry-After of this ban, ms, or 0: the quarantine lasts exactly that long (no
+--          jitter, no learned rest) unless the IP was banned again within one quarantine length of
+--          its return (the site's word proved wrong: the usual escalation from ARGV[11])
 -- Replies:
 --   {"OK", now_ms, ban_until_ms, strikes, breaker_event, bans, proxies, reasons, window_ms, cooloff_ms,
 --    learned_interval, pace_event}
@@ -64,8 +65,8 @@ local bad = arg_str(1, 'site') or arg_str(2, 'member') or arg_str(3, 'token') or
   or arg_int(20, 'autothrottle start interval ms', 1, MAX_MS)
   or arg_int(21, 'autothrottle min interval ms', 1, MAX_MS)
   or arg_int(22, 'autothrottle max interval ms', 1, MAX_MS)
-  or arg_num(23, 'interval factor', 0, 2) or arg_int(24, 'rate ban flag', 0, 2)
-  or arg_int(25, 'autothrottle ban ttl ms', 1, MAX_MS)
+  or arg_num(23, 'interval factor', 0, 2) or arg_int(24, 'rate ban flag', 0, 1)
+  or arg_int(25, 'autothrottle ban ttl ms', 1, MAX_MS) or arg_int(26, 'retry-after ms', 0, MAX_MS)
   or arg_str(17, 'breaker', true)
 if bad then return redis.error_reply(bad) end
 local breaker, bad_breaker = breaker_conf(ARGV[17])
@@ -98,7 +99,7 @@ if ARGV[19] == '1' then
   local start = nil
   if held_with(record, token) then start = lease_start(record) end
   local paced, learned
-  paced, pace_event, learned, last_answer, site_rest = pace_release(site, id, start, outcome, ARGV[24] ~= '0',
+  paced, pace_event, learned, last_answer, site_rest = pace_release(site, id, start, outcome, ARGV[24] == '1',
     tonumber(ARGV[20]), tonumber(ARGV[21]), tonumber(ARGV[22]), tonumber(ARGV[25]), now)
   interval = math.floor(paced * tonumber(ARGV[23]) + 0.5)
   pace_iv = pace_ms(learned)
@@ -182,11 +183,12 @@ elseif outcome == 'ban' or outcome == 'dead' then
     -- slowed): the IP rests for the site's rest, from the first strike. Banned again right after that
     -- rest, the site blocks the IP for longer: the quarantine escalates from the site's rest, which
     -- becomes the escalated length (pace_release brings it down again as proxies come back clean).
-    local rate_rest = ARGV[24] == '1' and site_rest and (last_answer == 'c' or last_answer == 'f')
+    local told = tonumber(ARGV[26])
+    local rate_rest = told == 0 and ARGV[24] == '1' and site_rest and (last_answer == 'c' or last_answer == 'f')
     local base = tonumber(ARGV[11])
     if rate_rest then base = site_rest end
     ban_until, strikes, started = ban(scope, id, ARGV[10], base, tonumber(ARGV[12]),
-      tonumber(ARGV[13]), tonumber(ARGV[14]), now, rate_rest and last_answer == 'c')
+      tonumber(ARGV[13]), tonumber(ARGV[14]), now, rate_rest and last_answer == 'c', told)
     if rate_rest and last_answer == 'f' and started == 1 and strikes == 2 then
       local longer = base * 2
       if longer > tonumber(ARGV[12]) then longer = tonumber(ARGV[12]) end
