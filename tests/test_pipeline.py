@@ -334,3 +334,39 @@ def test_the_setting_turns_the_pipeline_off(redis_server, value, fallback, piped
             await store.aclose()
 
     assert asyncio.run(scenario()) is piped
+
+
+# --- the blocking store's direct script calls (DirectScripts) -----------------------------------------
+
+def test_the_blocking_store_sends_scripts_directly_and_survives_a_killed_connection(redis_server):
+    """PoolStore on a plain redis.Redis: lease/release never go through execute_command; a connection
+    the server killed is replaced under the client's retry policy (one resend, as redis-py would), a
+    script the server lost is loaded again, and error replies keep redis-py's classes."""
+    from scrapy_proxy_shard.engine.pipeline import direct_scripts_for
+    from scrapy_proxy_shard.engine.store import PoolStore
+    from scrapy_proxy_shard.modes.connection import sync_client
+
+    client = sync_client(ShardSettings.from_settings({"PROXY_SHARD_REDIS_URL": redis_server.url}))
+    store = PoolStore(client, namespace="direct")
+    assert store._direct is not None
+    store.add_proxies(POOL, URLS[:2])
+    generic = []
+    original = client.execute_command
+    client.execute_command = lambda *args, **kw: (generic.append(args[0]), original(*args, **kw))[1]
+    killer = redis.Redis.from_url(redis_server.url)
+    try:
+        first = store.lease(POOL, "a.example", ttl=5)
+        assert isinstance(first, Lease)
+        killer.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+        assert store.release(first).status == "ok"  # resent on a new connection
+        killer.script_flush()
+        second = store.lease(POOL, "a.example", ttl=5)
+        assert isinstance(second, Lease)
+        assert store.release(second).status == "ok"
+    finally:
+        killer.close()
+    assert "EVALSHA" not in generic  # SCRIPT LOAD (after the flush) may use the generic path
+    with pytest.raises(redis.ResponseError, match="failed x"):
+        store._direct.execute(("EVAL", FAIL, 0, "x"))
+    assert direct_scripts_for(redis.Redis.from_url(redis_server.url, single_connection_client=True)) is None
+    assert direct_scripts_for(fakeredis.FakeRedis()) is None

@@ -43,6 +43,8 @@ import redis.asyncio.connection as aconnection
 from redis.exceptions import BusyLoadingError, ResponseError
 
 _POOLS = (aconnection.ConnectionPool, aconnection.BlockingConnectionPool)
+_SYNC_POOLS = (redis.ConnectionPool, redis.BlockingConnectionPool)
+_SYNC_CONNECTIONS = (redis.Connection, redis.SSLConnection, redis.UnixDomainSocketConnection)
 _CONNECTIONS = (aconnection.Connection, aconnection.SSLConnection, aconnection.UnixDomainSocketConnection)
 
 
@@ -55,6 +57,69 @@ def pipeline_for(client: Any) -> ScriptPipeline | None:
     if type(pool) not in _POOLS or pool.connection_class not in _CONNECTIONS:
         return None
     return ScriptPipeline(pool)
+
+
+def pack_command(args: Sequence[Any], encoding: str, errors: str, encode: Any) -> bytes:
+    """``args`` as one RESP command (an array of bulk strings), the bytes redis-py would send:
+    ``str``/``bytes``/``int`` by hand, anything else through the connection's ``encode`` (which also
+    refuses what redis-py refuses: bool, None)."""
+    out = [b"*%d\r\n" % len(args)]
+    append = out.append
+    for arg in args:
+        kind = type(arg)
+        if kind is bytes:
+            data = arg
+        elif kind is str:
+            data = arg.encode(encoding, errors)
+        elif kind is int:
+            data = b"%d" % arg
+        else:  # float, memoryview...; bool and None raise redis.DataError, as redis-py does
+            data = encode(arg)
+            if type(data) is not bytes:
+                data = bytes(data)
+        append(b"$%d\r\n%b\r\n" % (len(data), data))
+    return b"".join(out)
+
+
+class DirectScripts:
+    """The blocking store's script calls on a plain ``redis.Redis``: the command packed once by
+    ``pack_command`` and sent on a pooled connection under the connection's own retry policy, as
+    ``Redis.execute_command`` does, without its generic per-call work (argument encoding, command
+    options, response callbacks, observability hooks). Used by the CLI, the exporter and scripts."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.pool = client.connection_pool
+        encoder = self.pool.get_encoder()
+        self._encoding, self._errors, self._encode = encoder.encoding, encoder.encoding_errors, encoder.encode
+
+    def execute(self, args: Sequence[Any]) -> Any:
+        packed = pack_command(args, self._encoding, self._errors, self._encode)
+        pool = self.pool
+        conn = pool.get_connection()
+
+        def send() -> Any:
+            conn.send_packed_command((packed,))  # an iterable of chunks (a bytes object would be iterated)
+            return conn.read_response()
+
+        try:
+            return conn.retry.call_with_retry(send, lambda _error: conn.disconnect())
+        finally:
+            try:
+                if getattr(conn, "should_reconnect", bool)():  # a server maintenance notice, as redis-py does
+                    conn.disconnect()
+            finally:
+                pool.release(conn)
+
+
+def direct_scripts_for(client: Any) -> DirectScripts | None:
+    """``DirectScripts`` for a plain ``redis.Redis`` on a stock connection pool, else None."""
+    if type(client) is not redis.Redis or getattr(client, "connection", None) is not None:
+        return None  # a single_connection_client shares one connection under a lock: its own path
+    pool = getattr(client, "connection_pool", None)
+    if type(pool) not in _SYNC_POOLS or pool.connection_class not in _SYNC_CONNECTIONS:
+        return None
+    return DirectScripts(client)
 
 
 async def _no_cleanup(*_: Any) -> None:
@@ -106,22 +171,7 @@ class ScriptPipeline:
 
     def pack(self, args: Sequence[Any]) -> bytes:
         """``args`` as one RESP command (an array of bulk strings)."""
-        out = [b"*%d\r\n" % len(args)]
-        append = out.append
-        for arg in args:
-            kind = type(arg)
-            if kind is bytes:
-                data = arg
-            elif kind is str:
-                data = arg.encode(self._encoding, self._errors)
-            elif kind is int:
-                data = b"%d" % arg
-            else:  # float, memoryview...; bool and None raise redis.DataError, as redis-py does
-                data = self._encode(arg)
-                if type(data) is not bytes:
-                    data = bytes(data)
-            append(b"$%d\r\n%b\r\n" % (len(data), data))
-        return b"".join(out)
+        return pack_command(args, self._encoding, self._errors, self._encode)
 
     def _send(self, packed: bytes) -> asyncio.Future:
         loop = self._loop

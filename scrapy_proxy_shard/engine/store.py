@@ -39,7 +39,7 @@ from scrapy_proxy_shard.engine import schema as keys
 from scrapy_proxy_shard.engine.bans import BanOptions
 from scrapy_proxy_shard.engine.breaker import BreakerEvent, BreakerOptions, BreakerState
 from scrapy_proxy_shard.engine.pacing import AutothrottleOptions, PaceState
-from scrapy_proxy_shard.engine.pipeline import pipeline_for
+from scrapy_proxy_shard.engine.pipeline import direct_scripts_for, pipeline_for
 from scrapy_proxy_shard.engine.proxies import Proxy, make_proxy, mask, parse_proxy, proxy_id
 from scrapy_proxy_shard.engine.scripts import register_all
 from scrapy_proxy_shard.exceptions import PoolBackendError, PoolBusy, PoolUnreachable, UnknownPoolError
@@ -1017,7 +1017,14 @@ class _StoreBase:
 
 
 class PoolStore(_StoreBase):
-    """Blocking store (redis.Redis / redis.RedisCluster): CLI, exporter, benchmarks, tests."""
+    """Blocking store (redis.Redis / redis.RedisCluster): CLI, exporter, benchmarks, tests.
+
+    On a plain ``redis.Redis`` its script calls skip redis-py's generic command path
+    (``engine/pipeline.py`` ``DirectScripts``: packed once, same connection pool and retry policy)."""
+
+    def __init__(self, client: Any, **kwargs: Any) -> None:
+        super().__init__(client, **kwargs)
+        self._direct = direct_scripts_for(client)
 
     def _drive(self, plan: Plan, *, settle: bool = True) -> Any:
         if settle and self._in_doubt:
@@ -1061,12 +1068,16 @@ class PoolStore(_StoreBase):
             # EVALSHA straight away (what redis-py's Script does, less its per-call work); a server that
             # lost the script (restart, SCRIPT FLUSH) gets it loaded again, as Script does.
             script, names = self._scripts[request.name], request.keys
+            send = self._direct.execute if self._direct is not None else self._generic
             try:
-                return self.client.execute_command("EVALSHA", script.sha, len(names), *names, *request.args)
+                return send(("EVALSHA", script.sha, len(names), *names, *request.args))
             except redis.exceptions.NoScriptError:
                 script.sha = self.client.script_load(script.script)
-                return self.client.execute_command("EVALSHA", script.sha, len(names), *names, *request.args)
+                return send(("EVALSHA", script.sha, len(names), *names, *request.args))
         return self.client.execute_command(*request.args)
+
+    def _generic(self, args: tuple) -> Any:
+        return self.client.execute_command(*args)
 
 
 @runtime_checkable
