@@ -178,6 +178,25 @@ def test_rate_violation() -> None:
     run(scenario())
 
 
+def test_a_burnt_ip_is_told_no_time_to_come_back() -> None:
+    """A blacklisted IP is blocked for good: its 429/503 carry no Retry-After (the site used to say
+    "1", which a crawler honouring Retry-After would take at its word). A rate ban says how long, and
+    the log keeps what the client was told."""
+    rules = SiteRules(latency=0.01, min_interval=0.5, ban_seconds=5, ban_styles=("429",),
+                      burnt_ips=frozenset({"127.0.0.3"}))
+
+    async def scenario() -> None:
+        async with AntiBotSite(rules=rules) as site:
+            burnt = await fetch(site.port, "/catalog/1", source_ip="127.0.0.3")
+            assert burnt.status == 429 and "retry-after" not in burnt.headers
+            assert (await fetch(site.port, "/catalog/1")).status == 200
+            told = await fetch(site.port, "/catalog/2")
+            assert told.status == 429 and told.headers["retry-after"] == "5"
+            assert [e.get("retry_after") for e in site.entries] == [None, None, 5]
+
+    run(scenario())
+
+
 def test_ban_expires_and_violations_extend_it() -> None:
     rules = SiteRules(latency=0.01, min_interval=0.1, ban_seconds=0.3, ban_styles=("429",))
 

@@ -78,8 +78,9 @@ class Verdict:
     banned: bool
     #: The disguise to serve, set only when the ban applies (banned and not exempt).
     ban_style: str | None
-    #: Seconds until the ban lifts, rounded up (at least 1), for Retry-After.
-    retry_after: int
+    #: Seconds until the ban (or the site's blackout) lifts, rounded up (at least 1), for Retry-After;
+    #: None for a burnt IP, which the site blocks for good.
+    retry_after: int | None
     #: The slot the request holds while in flight; None for exempt paths.
     client: ClientState | None
     #: Whether the site rejected everyone at that moment (its blackout), not this client.
@@ -111,7 +112,11 @@ class AntiBot:
             # the disguises over different clients so every detector gets exercised.
             style = rules.ban_styles[self._ban_counter % len(rules.ban_styles)]
             self._ban_counter += 1
-        retry_after = max(1, math.ceil(client.banned_until - now))
+        if ip in rules.burnt_ips:
+            retry_after = None  # blacklisted for good: the site gives no time to come back
+        else:
+            until = max(client.banned_until, first + rules.blackout if blackout else 0.0)
+            retry_after = max(1, math.ceil(until - now))
         return Verdict(violation, banned, style, retry_after, None if exempt else client, blackout)
 
     @staticmethod

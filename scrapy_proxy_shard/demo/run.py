@@ -417,18 +417,21 @@ def _blind_window(config: DemoConfig, events: Events) -> tuple[float, float] | N
 
 def _quarantine_reuse(entries: list[dict], quarantine: float,
                       blind: tuple[float, float] | None = None) -> list[str]:
-    """Requests an IP sent to a site within ``quarantine`` seconds after that site served it a ban
-    (bans served inside ``blind``, a Redis outage, are left out: see _blind_window)."""
-    banned_at: dict[tuple[str, str], float] = {}
+    """Requests an IP sent to a site within ``quarantine`` seconds after that site served it a ban, or
+    within the ban's ``Retry-After`` when the site gave one and it is shorter (the crawler honours it:
+    PROXY_SHARD_RETRY_AFTER). Bans served inside ``blind``, a Redis outage, are left out: see
+    _blind_window."""
+    banned_at: dict[tuple[str, str], tuple[float, float]] = {}
     reuse = []
     for entry in sorted(entries, key=lambda e: e["start"]):
         key = (entry["ip"], entry["site"])
-        since = banned_at.get(key)
-        if since is not None and since < entry["start"] < since + quarantine:
+        since, window = banned_at.get(key, (None, 0.0))
+        if since is not None and since < entry["start"] < since + window:
             reuse.append(f"{entry['ip']} on {entry['site']} {entry['start'] - since:.1f}s after its ban")
         unseen = blind is not None and blind[0] <= entry.get("end", 0) <= blind[1]
-        if entry.get("ban_style") and entry.get("end") and not unseen:
-            banned_at.setdefault(key, entry["end"])
+        if entry.get("ban_style") and entry.get("end") and not unseen and key not in banned_at:
+            told = entry.get("retry_after")
+            banned_at[key] = (entry["end"], min(quarantine, told) if told else quarantine)
     return reuse
 
 

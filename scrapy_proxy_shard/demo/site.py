@@ -294,6 +294,9 @@ class AntiBotSite:
                          blackout=verdict.blackout)
             if verdict.ban_style is not None:
                 reply = self._ban_reply(verdict.ban_style, verdict.retry_after, path)
+                told = dict(reply.headers).get("Retry-After")
+                if told is not None:  # what the crawler was told: a quarantine that long is enough
+                    entry["retry_after"] = int(told)
             else:
                 reply = self._route(ip, site, route, path, entry)
 
@@ -332,8 +335,8 @@ class AntiBotSite:
         return keep_alive
 
     @staticmethod
-    def _ban_reply(style: str, retry_seconds: int, path: str) -> _Reply:
-        retry_after = [("Retry-After", str(retry_seconds))]
+    def _ban_reply(style: str, retry_seconds: int | None, path: str) -> _Reply:
+        retry_after = [("Retry-After", str(retry_seconds))] if retry_seconds is not None else []
         if style == "429":
             return _Reply(429, b"Too Many Requests", "ban", retry_after, "text/plain")
         if style == "403":
