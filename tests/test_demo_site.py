@@ -182,7 +182,7 @@ def test_a_burnt_ip_is_told_no_time_to_come_back() -> None:
     """A blacklisted IP is blocked for good: its 429/503 carry no Retry-After (the site used to say
     "1", which a crawler honouring Retry-After would take at its word). A rate ban says how long, and
     the log keeps what the client was told."""
-    rules = SiteRules(latency=0.01, min_interval=0.5, ban_seconds=5, ban_styles=("429",),
+    rules = SiteRules(latency=0.01, min_interval=5, ban_seconds=5, ban_styles=("429",),
                       burnt_ips=frozenset({"127.0.0.3"}))
 
     async def scenario() -> None:

@@ -280,7 +280,7 @@ def test_a_lost_pool_this_host_cannot_restore_is_waited_for_not_failed(real_redi
     admin = PoolStore(real_redis, namespace="t")
     admin.add_proxies(POOL, URLS)
     runtime, spider = _runtime({"PROXY_SHARD_REDIS_URL": redis_server.url, "PROXY_SHARD_POOL": POOL,
-                                "PROXY_SHARD_FALLBACK": False, "PROXY_SHARD_MAX_WAIT": 3})
+                                "PROXY_SHARD_FALLBACK": False, "PROXY_SHARD_MAX_WAIT": 5})
 
     async def go():
         await runtime.spider_opened(spider)
@@ -304,7 +304,7 @@ def test_a_lost_pool_this_host_cannot_restore_is_waited_for_not_failed(real_redi
 
     with caplog.at_level("WARNING"):
         lease, waited = asyncio.run(go())
-    assert lease.proxy_url in URLS and 1.0 <= waited < 3
+    assert lease.proxy_url in URLS and 1.0 <= waited < 5
     assert runtime.stats.get_value("proxy_shard/pool_lost") == 2
     assert sum("is empty now" in r.getMessage() for r in caplog.records) == 2
     assert sum("holds proxies again" in r.getMessage() for r in caplog.records) == 1

@@ -46,12 +46,13 @@ def _pipe(client) -> ScriptPipeline:
 
 
 def _sleep_redis(url: str, seconds: float) -> threading.Thread:
-    """DEBUG SLEEP from another client; returns once the server has started sleeping."""
+    """DEBUG SLEEP from another client; returns 0.3 s after sending it (a loaded machine may take a
+    while to get the command to the server: the caller's sleep must outlast that margin)."""
     other = redis.Redis.from_url(url, decode_responses=True)
     thread = threading.Thread(target=lambda: (other.execute_command("DEBUG", "SLEEP", seconds), other.close()),
                               daemon=True)
     thread.start()
-    time.sleep(0.05)
+    time.sleep(0.3)
     return thread
 
 
@@ -185,7 +186,7 @@ def test_a_reply_slower_than_socket_timeout_times_out_and_is_never_handed_to_a_l
         pipe = _pipe(client)
         try:
             assert await pipe.execute(("ECHO", "warm")) == "warm"
-            thread = await asyncio.to_thread(_sleep_redis, redis_server.url, 0.8)
+            thread = await asyncio.to_thread(_sleep_redis, redis_server.url, 2.0)
             late = await asyncio.gather(*(pipe.execute(("ECHO", f"late{i}")) for i in range(5)),
                                         return_exceptions=True)
             await asyncio.to_thread(thread.join)
