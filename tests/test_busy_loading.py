@@ -17,6 +17,7 @@ import redis
 import redis.asyncio
 import redis.backoff
 import redis.retry
+from lease_checks import hold_and_release
 
 from scrapy_proxy_shard.demo.redis_server import RedisServer
 from scrapy_proxy_shard.engine.store import AsyncPoolStore, Lease, PoolStore
@@ -126,12 +127,7 @@ def test_concurrent_async_leases_wait_out_a_busy_script(server):
                 if not isinstance(lease, Lease):
                     await asyncio.sleep(lease.wait / 2)
                     continue
-                if lease.member in held:
-                    overlaps.append(lease.member)
-                held.add(lease.member)
-                await asyncio.sleep(0)
-                held.discard(lease.member)
-                await store.release(lease)
+                await hold_and_release(store, lease, held, overlaps)
                 done.append(lease)
 
         # 1.5 s of BUSY: long enough that the 64 tasks (started after BUSY was seen) meet it on a

@@ -19,6 +19,7 @@ import pytest
 import redis
 import redis.asyncio
 import redis.asyncio.sentinel
+from lease_checks import hold_and_release
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
@@ -281,12 +282,7 @@ def test_64_tasks_lease_and_release_through_the_pipeline(redis_server):
                     if not isinstance(lease, Lease):
                         await asyncio.sleep(0.001)
                         continue
-                    if lease.member in held:
-                        overlaps.append(lease.member)
-                    held.add(lease.member)
-                    await asyncio.sleep(0)
-                    held.discard(lease.member)
-                    assert (await store.release(lease)).status == "ok"
+                    assert (await hold_and_release(store, lease, held, overlaps)).status == "ok"
                     done += 1
 
             await asyncio.gather(*(worker() for _ in range(64)))

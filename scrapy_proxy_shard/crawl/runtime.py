@@ -399,6 +399,8 @@ class ShardRuntime:
                     result = await self._lease_loop(pool, site, session_id, ttl, deadline)
                 finally:
                     await gate.__aexit__(None, None, None)
+            if self._lost_pools or pool not in self._served_pools:  # a pool back, or first seen now
+                self._pool_back(pool)
         finally:
             left = self.asking[slot] - 1
             if left:
@@ -422,8 +424,6 @@ class ShardRuntime:
         except ProxyShardError:
             return None
         if isinstance(result, Lease):
-            if self._lost_pools or pool not in self._served_pools:
-                self._pool_back(pool)
             return result
         self._note_exhausted(pool, site)
         return None
@@ -487,8 +487,6 @@ class ShardRuntime:
                 await self._until(asyncio.sleep(BUSY_PAUSE), deadline, pool, site)
                 continue
             if isinstance(result, Lease):
-                if self._lost_pools or pool not in self._served_pools:
-                    self._pool_back(pool)
                 if session_id is None:
                     self._exhausted.discard((pool, site))
                 return result

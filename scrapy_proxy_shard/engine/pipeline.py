@@ -48,21 +48,29 @@ _SYNC_CONNECTIONS = (redis.Connection, redis.SSLConnection, redis.UnixDomainSock
 _CONNECTIONS = (aconnection.Connection, aconnection.SSLConnection, aconnection.UnixDomainSocketConnection)
 
 
+def _stock_pool(client: Any, client_class: type, pools: tuple, connections: tuple) -> Any:
+    """``client``'s connection pool when the client is exactly ``client_class`` on one of ``pools``
+    making ``connections``, else None (any other client keeps its own command path)."""
+    if type(client) is not client_class:
+        return None
+    pool = getattr(client, "connection_pool", None)
+    if type(pool) not in pools or pool.connection_class not in connections:
+        return None
+    return pool
+
+
 def pipeline_for(client: Any) -> ScriptPipeline | None:
     """A ``ScriptPipeline`` on ``client``'s server, or None when the client is not a plain
     ``redis.asyncio.Redis`` on a stock connection pool (its own command path is used then)."""
-    if type(client) is not redis.asyncio.Redis:
-        return None
-    pool = getattr(client, "connection_pool", None)
-    if type(pool) not in _POOLS or pool.connection_class not in _CONNECTIONS:
-        return None
-    return ScriptPipeline(pool)
+    pool = _stock_pool(client, redis.asyncio.Redis, _POOLS, _CONNECTIONS)
+    return ScriptPipeline(pool) if pool is not None else None
 
 
-def pack_command(args: Sequence[Any], encoding: str, errors: str, encode: Any) -> bytes:
+def pack_command(args: Sequence[Any], encoder: Any) -> bytes:
     """``args`` as one RESP command (an array of bulk strings), the bytes redis-py would send:
-    ``str``/``bytes``/``int`` by hand, anything else through the connection's ``encode`` (which also
+    ``str``/``bytes``/``int`` by hand, anything else through the connection's ``encoder`` (which also
     refuses what redis-py refuses: bool, None)."""
+    encoding, errors = encoder.encoding, encoder.encoding_errors
     out = [b"*%d\r\n" % len(args)]
     append = out.append
     for arg in args:
@@ -74,7 +82,7 @@ def pack_command(args: Sequence[Any], encoding: str, errors: str, encode: Any) -
         elif kind is int:
             data = b"%d" % arg
         else:  # float, memoryview...; bool and None raise redis.DataError, as redis-py does
-            data = encode(arg)
+            data = encoder.encode(arg)
             if type(data) is not bytes:
                 data = bytes(data)
         append(b"$%d\r\n%b\r\n" % (len(data), data))
@@ -90,11 +98,10 @@ class DirectScripts:
     def __init__(self, client: Any) -> None:
         self.client = client
         self.pool = client.connection_pool
-        encoder = self.pool.get_encoder()
-        self._encoding, self._errors, self._encode = encoder.encoding, encoder.encoding_errors, encoder.encode
+        self._encoder = self.pool.get_encoder()
 
     def execute(self, args: Sequence[Any]) -> Any:
-        packed = pack_command(args, self._encoding, self._errors, self._encode)
+        packed = pack_command(args, self._encoder)
         pool = self.pool
         conn = pool.get_connection()
 
@@ -114,12 +121,10 @@ class DirectScripts:
 
 def direct_scripts_for(client: Any) -> DirectScripts | None:
     """``DirectScripts`` for a plain ``redis.Redis`` on a stock connection pool, else None."""
-    if type(client) is not redis.Redis or getattr(client, "connection", None) is not None:
+    if getattr(client, "connection", None) is not None:
         return None  # a single_connection_client shares one connection under a lock: its own path
-    pool = getattr(client, "connection_pool", None)
-    if type(pool) not in _SYNC_POOLS or pool.connection_class not in _SYNC_CONNECTIONS:
-        return None
-    return DirectScripts(client)
+    pool = _stock_pool(client, redis.Redis, _SYNC_POOLS, _SYNC_CONNECTIONS)
+    return DirectScripts(client) if pool is not None else None
 
 
 async def _no_cleanup(*_: Any) -> None:
@@ -134,8 +139,7 @@ class ScriptPipeline:
         self._retry = self._conn.retry
         self._retried = tuple(getattr(self._retry, "_supported_errors", ()))
         self._timeout = self._conn.socket_timeout or None
-        encoder = self._conn.encoder
-        self._encoding, self._errors, self._encode = encoder.encoding, encoder.encoding_errors, encoder.encode
+        self._encoder = self._conn.encoder
         self._loop: asyncio.AbstractEventLoop | None = None
         self._connecting: asyncio.Task | None = None  # the connect attempt in progress
         self._live = False
@@ -171,7 +175,7 @@ class ScriptPipeline:
 
     def pack(self, args: Sequence[Any]) -> bytes:
         """``args`` as one RESP command (an array of bulk strings)."""
-        return pack_command(args, self._encoding, self._errors, self._encode)
+        return pack_command(args, self._encoder)
 
     def _send(self, packed: bytes) -> asyncio.Future:
         loop = self._loop

@@ -634,7 +634,7 @@ class _StoreBase:
         Does nothing (returns 0) unless the pool is empty *and* was never loaded as far as Redis knows:
         a pool an operator drained with ``remove`` stays drained. Restored proxies rest ``warmup``
         seconds first (their held records were lost too: requests in flight through them may still run).
-        At most 500 proxies are restored per call; the first call decides, the rest are plain adds.
+        At most ADMIN_PAGE (500) proxies are restored per call; the first call decides, the rest are plain adds.
         """
         return self._drive(self._restore(pool, proxies, warmup))
 
@@ -642,14 +642,14 @@ class _StoreBase:
         items = list(_unique(proxies).values())
         if not items:
             return 0
-        args = [a for p in items[:500] for a in _add_args(p)]
+        args = [a for p in items[:ADMIN_PAGE] for a in _add_args(p)]
         names = keyset.script_keys("add", self.prefix(pool))
         reply = yield _Script("add", names, ("restore", _ms(warmup, "warmup"), *args))
         if reply[0] != "OK":
             return 0
         restored = int(reply[1])
-        if len(items) > 500:
-            restored += (yield from self._add(pool, items[500:])).added
+        if len(items) > ADMIN_PAGE:
+            restored += (yield from self._add(pool, items[ADMIN_PAGE:])).added
         yield _Command(("SADD", keys.pools_registry(self.namespace), pool))
         return restored
 
@@ -1231,19 +1231,16 @@ class AsyncPoolStore(_StoreBase, PoolBackend):
     async def _execute(self, request: Any) -> Any:
         if type(request) is _Script:  # EVALSHA straight away, loading a lost script again (PoolStore's)
             script, names = self._scripts[request.name], request.keys
-            pipe = self._pipe
-            if pipe is not None:
-                try:
-                    return await pipe.execute(("EVALSHA", script.sha, len(names), *names, *request.args))
-                except redis.exceptions.NoScriptError:
-                    script.sha = await self.client.script_load(script.script)
-                    return await pipe.execute(("EVALSHA", script.sha, len(names), *names, *request.args))
+            send = self._pipe.execute if self._pipe is not None else self._generic
             try:
-                return await self.client.execute_command("EVALSHA", script.sha, len(names), *names, *request.args)
+                return await send(("EVALSHA", script.sha, len(names), *names, *request.args))
             except redis.exceptions.NoScriptError:
                 script.sha = await self.client.script_load(script.script)
-                return await self.client.execute_command("EVALSHA", script.sha, len(names), *names, *request.args)
+                return await send(("EVALSHA", script.sha, len(names), *names, *request.args))
         return await self.client.execute_command(*request.args)
+
+    async def _generic(self, args: tuple) -> Any:
+        return await self.client.execute_command(*args)
 
     async def aclose(self) -> None:
         if self._pipe is not None:
