@@ -362,7 +362,7 @@ def retry_after_seconds(response: Response, now: float | None = None) -> float |
     if not raw:
         return None
     text = raw.decode("latin-1").strip()
-    if text.isdigit():
+    if text.isascii() and text.isdigit():  # not str.isdigit alone: "²" is a digit to it, not to int()
         return float(int(text))
     when = _http_date(text)
     if when is None:

@@ -505,6 +505,7 @@ def test_bad_settings_name_the_setting_and_value(name, value, message):
     ({"Retry-After": "-5"}, None),
     ({"Retry-After": "1.5"}, None),  # RFC 9110: delay-seconds is a non-negative integer
     ({"Retry-After": "tomorrow"}, None),
+    ({"Retry-After": "\u00b2".encode("latin-1")}, None),  # a digit to str.isdigit, not to int()
     ({}, None),
 ])
 def test_retry_after_seconds_reads_both_forms_and_ignores_the_rest(headers, expected):
