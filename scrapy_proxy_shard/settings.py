@@ -75,6 +75,7 @@ DEFAULTS: dict[str, Any] = {
     "PROXY_SHARD_MIN_INTERVAL": 1.0,  # start-to-start, per IP, site and slot
     "PROXY_SHARD_REST_AFTER_RESPONSE": 0.0,
     "PROXY_SHARD_RANDOMIZE_INTERVAL": False,
+    "PROXY_SHARD_ARRIVAL_GUARD": 0.5,  # x the interval: the most a late arrival may push the next start
     "PROXY_SHARD_AUTOTHROTTLE_ENABLED": False,
     "PROXY_SHARD_AUTOTHROTTLE_START_INTERVAL": 1.0,
     "PROXY_SHARD_AUTOTHROTTLE_MIN_INTERVAL": 0.1,
@@ -134,7 +135,7 @@ MODES = ("auto", "redis", "embedded", "static")
 EVICTION_CHOICES = ("refuse", "warn")
 
 #: Options of a ``PROXY_SHARD_SITES`` entry: pacing for the lease engine, content rules for the policy.
-SITE_PACING_OPTIONS = ("concurrency", "min_interval", "rest_after_response", "randomize_interval",
+SITE_PACING_OPTIONS = ("concurrency", "min_interval", "rest_after_response", "randomize_interval", "arrival_guard",
                        "autothrottle_enabled", "autothrottle_start_interval", "autothrottle_min_interval",
                        "autothrottle_max_interval")
 SITE_POLICY_OPTIONS = ("required_css", "min_body_size", "min_body_ratio", "ban_codes", "challenge_patterns")
@@ -151,6 +152,7 @@ MAX_LEASE_TTL = 86400.0  # also bounds DOWNLOAD_TIMEOUT and meta['download_timeo
 MAX_SESSION_TTL = 7 * 86400.0
 MAX_WAIT = 86400.0
 MAX_INTERVAL = 86400.0
+MAX_ARRIVAL_GUARD = 2.0  # x the interval
 MAX_BAN_TTL = 30 * 86400.0
 MAX_STRIKE_WINDOW = 365 * 86400.0
 MAX_CONCURRENCY = 1000  # slots per proxy and site (MAX_CONCURRENCY in lua/_lib.lua)
@@ -172,6 +174,9 @@ class SiteOptions:
     #: Adaptive pacing (``PROXY_SHARD_AUTOTHROTTLE_*``): when enabled, the interval learned in Redis for
     #: the site replaces ``min_interval``. None: off.
     autothrottle: AutothrottleOptions | None = None
+    #: The arrival guard (``PROXY_SHARD_ARRIVAL_GUARD``): a slot's next start may be pushed back by at
+    #: most this x the interval when its last request reached the site late (crawl/arrival.py). 0: off.
+    arrival_guard: float = DEFAULTS["PROXY_SHARD_ARRIVAL_GUARD"]
 
 
 @dataclass(frozen=True)
@@ -266,6 +271,7 @@ class ShardSettings:
     min_interval: float
     rest_after_response: float
     randomize_interval: bool
+    arrival_guard: float
     autothrottle: AutothrottleOptions
     autothrottle_ban_reasons: frozenset[str]
     autothrottle_ban_ttl: float
@@ -345,6 +351,7 @@ class ShardSettings:
             min_interval=min_interval,
             rest_after_response=_number(get, "PROXY_SHARD_REST_AFTER_RESPONSE", minimum=0.0, maximum=MAX_INTERVAL),
             randomize_interval=_boolean(s, "PROXY_SHARD_RANDOMIZE_INTERVAL"),
+            arrival_guard=_number(get, "PROXY_SHARD_ARRIVAL_GUARD", minimum=0.0, maximum=MAX_ARRIVAL_GUARD),
         )
         autothrottle_ban_ttl = _number(get, "PROXY_SHARD_AUTOTHROTTLE_BAN_TTL", minimum=0.001, maximum=MAX_BAN_TTL)
         autothrottle = _autothrottle(get, None, _AUTOTHROTTLE_SETTINGS, _boolean(s, "PROXY_SHARD_AUTOTHROTTLE_ENABLED"),
@@ -380,6 +387,7 @@ class ShardSettings:
             min_interval=min_interval,
             rest_after_response=pacing.rest_after_response,
             randomize_interval=pacing.randomize_interval,
+            arrival_guard=pacing.arrival_guard,
             autothrottle=autothrottle,
             autothrottle_ban_reasons=_reasons(get, "PROXY_SHARD_AUTOTHROTTLE_BAN_REASONS"),
             autothrottle_ban_ttl=autothrottle_ban_ttl,
@@ -428,7 +436,8 @@ class ShardSettings:
         """Pacing for a site key (a registrable domain or a site group)."""
         return self.sites.get(site) or SiteOptions(self.site_concurrency, self.min_interval,
                                                    self.rest_after_response, self.randomize_interval,
-                                                   self.autothrottle if self.autothrottle.enabled else None)
+                                                   self.autothrottle if self.autothrottle.enabled else None,
+                                                   self.arrival_guard)
 
 
 @functools.cache
@@ -600,6 +609,8 @@ def _sites(entries: list[tuple[str, str, dict[str, Any]]], pacing: SiteOptions,
                     maximum=MAX_INTERVAL),
             randomize,
             _site_autothrottle(options, label, autothrottle),
+            _number(site_get, f"{label}.arrival_guard", pacing.arrival_guard, minimum=0.0,
+                    maximum=MAX_ARRIVAL_GUARD),
         )
     return out
 

@@ -461,6 +461,60 @@ def test_ended_session_gives_its_proxy_back_when_its_pacing_ends(store, clock):
     assert in_flight.proxy_id == session.proxy_id
 
 
+@pytest.mark.parametrize(("guard", "expected"), [
+    ((1.0, 0.05), 0.25),   # warm: 0.2 s taken, the floor 0.05: it can have arrived 0.15 s late
+    ((0.1, 0.05), 0.2),    # ... by at most the cap
+    ((1.0, 0.5), 0.1),     # quicker than the floor: no shift, start + interval
+    ((0.1, None), 0.3),    # cold (no floor): paced from the release, whatever the cap
+    ((0.0, None), 0.1),    # no guard
+    (None, 0.1),
+])
+def test_the_arrival_guard_pushes_the_next_start_back(store, clock, guard, expected):
+    """release.lua ARGV[27..28]: the slot is free at start + interval + min(cap, max(0, now - start -
+    floor)), or at release + interval without a floor; the wait the next lease is told shows it."""
+    store.add_proxies(POOL, URLS[:1])
+    _, wait = _wait_after(store, clock, latency=0.2, min_interval=0.3, arrival_guard=guard)
+    assert isinstance(wait, LeaseWait) and wait.reason == "pool"
+    assert expected - 0.005 < wait.wait + clock.slack and wait.wait <= expected + 0.05 + clock.slack
+
+
+def test_the_arrival_guard_paces_a_session_and_adds_to_a_learned_interval(store, clock):
+    from scrapy_proxy_shard.engine.pacing import AutothrottleOptions
+
+    pool = store
+    pool.add_proxies(POOL, URLS[:1])
+    _, wait = _wait_after(pool, clock, latency=0.2, session_id="s1", min_interval=0.3, arrival_guard=(1.0, 0.05))
+    assert isinstance(wait, LeaseWait) and wait.reason == "session"
+    assert wait.wait + clock.slack > 0.245 and wait.wait <= 0.3 + clock.slack
+    at = AutothrottleOptions(True, start_interval=0.3, min_interval=0.02, max_interval=5.0)
+    _, wait = _wait_after(pool, clock, latency=0.2, site="b.example", min_interval=5.0, autothrottle=at,
+                          arrival_guard=(0.1, 0.05))
+    assert isinstance(wait, LeaseWait) and wait.reason == "pool"  # learned 0.3 + 0.1 (the cap), not 5.0
+    assert wait.wait + clock.slack > 0.195 and wait.wait <= 0.25 + clock.slack
+
+
+@pytest.mark.parametrize(("cap", "floor", "message"), [("-1", "-1", "arrival guard ms"),
+                                                       ("100", "-2", "arrival floor ms"),
+                                                       ("100", "x", "arrival floor ms")])
+def test_release_refuses_a_bad_arrival_guard_before_any_write(store, backend, cap, floor, message):
+    import redis
+
+    from scrapy_proxy_shard.engine.keyset import script_keys
+    from scrapy_proxy_shard.engine.scripts import register_all
+
+    store.add_proxies(POOL, URLS[:1])
+    lease = lease_ok(store)
+    args = ("a.example", lease.member, lease.token, "ok", 10, 300, "host-a", "", 600000, "ok",
+            1000, 2000, "0", 1000, "0.2", 0, "", 3600000, "0", 1, 1, 1, "1", "0", 1, 0, cap, floor)
+    names = script_keys("release", store.prefix(POOL), "a.example", token=lease.token)
+    with pytest.raises(redis.ResponseError, match=message):
+        register_all(backend)["release"](keys=names, args=args)
+    assert isinstance(store.lease(POOL, "a.example", ttl=5), LeaseWait)  # still held: nothing was written
+    with pytest.raises(ValueError, match="arrival"):
+        store.release(lease, arrival_guard=(float("nan"), None))
+    assert store.release(lease, arrival_guard=(0.1, 0.0)).status == "ok"
+
+
 @pytest.mark.parametrize("rest", ["-1", "nan", str(10**12), ""])
 def test_release_refuses_a_bad_rest_before_any_write(store, backend, rest):
     import redis

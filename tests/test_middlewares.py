@@ -191,6 +191,53 @@ def test_per_site_pacing_options_reach_the_release():
     assert asked[0] == ("shop.example", 0.0, 0.3, True) and asked[-1] == ("other.example", 0.0, 0.0, False)
 
 
+def test_the_arrival_guard_paces_from_when_a_request_can_have_reached_the_site():
+    """Each release hands release.lua the guard's cap (PROXY_SHARD_ARRIVAL_GUARD x the interval) and
+    this host's floor for the (site, proxy): none while the pair is cold, then its quickest answer. A
+    request slower than the floor pushes its slot's next start back by the difference, at most the cap
+    (seen in Redis: the slot's ready score); a site with ``arrival_guard`` 0 gets no guard."""
+    from scrapy_proxy_shard.crawl.arrival import WARM_SAMPLES
+    from scrapy_proxy_shard.engine.keyset import script_keys
+
+    h = Harness({"PROXY_SHARD_MIN_INTERVAL": 0.2, "PROXY_SHARD_SITES": {"free.example": {"arrival_guard": 0}}},
+                proxies=PROXIES[:1])
+    asked = []
+    release = h.runtime.store.release
+
+    async def spy(lease, **how):
+        asked.append((lease, how.get("arrival_guard")))
+        return await release(lease, **how)
+
+    h.runtime.store.release = spy
+    ready = script_keys("pool_status", h.admin.prefix("default"), "shop.example")[2]
+
+    async def use(site, n, hold):
+        request = Request(f"http://{site}/{n}")
+        await h.lease_mw.process_request(request)
+        await asyncio.sleep(hold)
+        await h.respond(request)
+        lease = asked[-1][0]
+        return h.admin.client.zscore(ready, lease.member) / 1000 - lease.issued_at
+
+    async def scenario():
+        await h.open()
+        quick = [await use("shop.example", n, 0.0) for n in range(WARM_SAMPLES + 1)]
+        slow = await use("shop.example", 99, 0.06)
+        await use("free.example", 1, 0.06)
+        return quick, slow
+
+    quick, slow = run(scenario())
+    caps = {lease.site: guard[0] for lease, guard in asked if guard}
+    floors = [guard[1] for lease, guard in asked if lease.site == "shop.example"]
+    assert caps == {"shop.example": pytest.approx(0.1)}  # 0.5 x 0.2 s; free.example: no guard at all
+    assert [guard for lease, guard in asked if lease.site == "free.example"] == [None]
+    assert floors[:WARM_SAMPLES] == [None] * WARM_SAMPLES
+    assert all(f is not None and f < 0.05 for f in floors[WARM_SAMPLES:])
+    assert all(0.2 <= gap < 0.25 for gap in quick[WARM_SAMPLES:])  # warm and on time: start + interval
+    assert 0.2 + 0.05 <= slow <= 0.2 + 0.1 + 0.002  # 60 ms late at most, within the 0.1 s cap
+    assert h.stat("pacing/arrival_guard_ms") >= 50
+
+
 def test_a_release_wakes_a_request_waiting_for_a_held_proxy():
     h = Harness({"PROXY_SHARD_LEASE_TTL": 30}, proxies=PROXIES[:1])
 

@@ -19,6 +19,7 @@ from scrapy import Request, signals
 from scrapy.utils.httpobj import urlparse_cached
 
 from scrapy_proxy_shard import signals as shard_signals
+from scrapy_proxy_shard.crawl.arrival import ArrivalGuard
 from scrapy_proxy_shard.crawl.health import HostMonitor
 from scrapy_proxy_shard.crawl.logstats import INTERVAL_STAT
 from scrapy_proxy_shard.crawl.startup import StartupGate, check_eviction
@@ -126,6 +127,7 @@ class ShardRuntime:
         self._held: dict[str, Lease] = {}
         self._gate = _Gate()
         self._learned: dict[str, float] = {}  # adaptive pacing: site -> the last learned interval seen
+        self._arrival = ArrivalGuard()  # paces from when a request can have reached its site (arrival.py)
         self._site_options: dict[str, Any] = {}  # site -> settings.site_options(site), for options_of
         self._site_options_of: ShardSettings | None = None  # the settings those were read from
         self._stopping: asyncio.Event | None = None  # set when the crawl stops (see _stopping_event)
@@ -272,8 +274,10 @@ class ShardRuntime:
         released = 0
         for lease in leases:
             try:
+                # Cut short in flight: when (or whether) it reached the site is unknown, the whole guard.
                 await self.store.release(lease, outcome="unknown", **self._pacing(lease.site),
-                                         session_ttl=self.settings.session_ttl)
+                                         session_ttl=self.settings.session_ttl,
+                                         arrival_guard=(self._guard_cap(lease.site), None))
                 released += 1
             except PoolBackendError as exc:
                 logger.warning("proxy_shard: lease not released at close (it expires by itself): %(e)s", {"e": exc})
@@ -339,6 +343,10 @@ class ShardRuntime:
             if kw["rate_ban"]:  # the pace takes the blame (and is slowed): the IP is only rested
                 kw["ban_ttl"] = o.autothrottle.ban_ttl
         return kw
+
+    def _guard_cap(self, site: str) -> float:
+        """The most the arrival guard may add to the site's interval (PROXY_SHARD_ARRIVAL_GUARD x it)."""
+        return self.options_of(site).arrival_guard * self.interval_of(site)
 
     def interval_of(self, site: str) -> float:
         """The start-to-start interval paced on ``site``: the configured one, or with adaptive pacing the
@@ -669,8 +677,9 @@ class ShardRuntime:
         The reported wait is exact when the earliest slot is pacing or quarantined, and only an upper
         bound when it is held (its holder usually releases long before the lease expires). A pacing
         wait (no longer than the longest pacing a release sets: the interval, x1.5 when randomized,
-        or the rest after response) is slept exactly (locally: Redis checks blocking timeouts only
-        ``hz`` times a second, up to 100 ms late, which would eat the pacing gain). Under
+        plus the arrival guard, or the rest after response) is slept exactly (locally: Redis checks
+        blocking timeouts only ``hz`` times a second, up to 100 ms late, which would eat the pacing
+        gain). Under
         start-to-start pacing a slot released meanwhile is free at its own start + interval, so it
         can beat the pacing slot only if it started earlier (a slow download) and by no more than
         the gap between the two starts; within ``rest_after_response`` nothing can beat it at all.
@@ -683,7 +692,8 @@ class ShardRuntime:
         interval = self.interval_of(site)
         if o.autothrottle is not None and o.autothrottle.enabled:
             interval *= 1.5  # another host may have raised it once since this host last saw it
-        longest_pacing = max(interval * (1.5 if o.randomize_interval else 1.0), o.rest_after_response)
+        longest_pacing = max(interval * (1.5 if o.randomize_interval else 1.0) + self._guard_cap(site),
+                             o.rest_after_response)
         exact = wait.reason == "session" or (wait.reason == "pool" and wait.wait <= longest_pacing)
         if exact:
             await asyncio.sleep(pause)
@@ -706,6 +716,11 @@ class ShardRuntime:
             how = self._pacing(lease.site, reason)
             if retry_after is not None:
                 how["retry_after"] = retry_after
+            cap = self._guard_cap(lease.site)
+            floor = None
+            if cap > 0.0:
+                floor = self._arrival.floor(lease.site, lease.proxy_id)
+                how["arrival_guard"] = (cap, floor)
             result = await self.store.release(lease, outcome=outcome, latency=latency, reason=reason,
                                               session_ttl=self.settings.session_ttl, **how)
         except PoolBackendError as exc:
@@ -713,6 +728,13 @@ class ShardRuntime:
             logger.warning("proxy_shard: release failed (the lease expires by itself): %(e)s", {"e": exc})
             return None
         self.stats.inc_value(f"{STATS}/release/{result.status}")
+        if cap > 0.0 and result.status == "ok":
+            elapsed = result.now - lease.issued_at  # both on the Redis clock
+            shift = self._arrival.shift(elapsed, floor, cap)
+            if shift > 0.0:
+                self.stats.inc_value(f"{STATS}/pacing/arrival_guard_ms", round(shift * 1000))
+            if outcome in ("ok", "unknown") and 0.0 < elapsed < lease.expires_at - lease.issued_at:
+                self._arrival.observe(lease.site, lease.proxy_id, elapsed)
         self._note_pace(lease, result, reason)
         self.crawler.signals.send_catch_log(shard_signals.lease_released, request=request, lease=lease,
                                             outcome=outcome, reason=reason, result=result)

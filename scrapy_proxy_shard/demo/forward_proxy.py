@@ -90,12 +90,15 @@ class ProxySpec:
     password: str | None = field(default=None, repr=False)
     dead: bool = False
     slow: float = 0.0
+    #: Seconds the first request of each new client connection is held before it goes upstream: what
+    #: a real proxy's connection set-up costs (TCP, CONNECT, TLS) and a reused connection does not.
+    setup: float = 0.0
 
     def __post_init__(self) -> None:
         if (self.username is None) != (self.password is None):
             raise ValueError("username and password go together")
-        if self.slow < 0:
-            raise ValueError("slow must be >= 0")
+        if self.slow < 0 or self.setup < 0:
+            raise ValueError("slow and setup must be >= 0")
         ipaddress.ip_address(self.source_ip)
 
     @property
@@ -111,6 +114,7 @@ def default_fleet_specs(
     dead: int = 1,
     slow: int = 1,
     slow_seconds: float = 0.5,
+    setup_seconds: float = 0.0,
 ) -> list[ProxySpec]:
     """The demo pool: consecutive source IPs, the last ``slow`` proxies slow, the
     ``dead`` ones before them dead, and ``auth`` of the healthy ones (every other one,
@@ -118,6 +122,7 @@ def default_fleet_specs(
     where ``n`` is the 1-based position in the fleet.
 
     With the defaults: 127.0.0.11-.22, auth on .12/.14/.16, .21 dead, .22 slow (0.5 s).
+    ``setup_seconds``: every proxy holds the first request of each new connection that long.
     """
     if count < 1 or min(auth, dead, slow) < 0 or auth + dead + slow > count:
         raise ValueError("need count >= auth + dead + slow, all non-negative")
@@ -141,6 +146,7 @@ def default_fleet_specs(
                 password=creds[1],
                 dead=i in dead_idx,
                 slow=slow_seconds if i in slow_idx else 0.0,
+                setup=setup_seconds,
             )
         )
     return specs
@@ -163,12 +169,13 @@ class ForwardProxy:
         password: str | None = None,
         dead: bool = False,
         slow: float = 0.0,
+        setup: float = 0.0,
         listen_host: str = "127.0.0.1",
         port: int = 0,
         upstream_timeout: float = 30.0,
         idle_timeout: float = 30.0,
     ) -> None:
-        self.spec = ProxySpec(source_ip, username, password, dead, slow)
+        self.spec = ProxySpec(source_ip, username, password, dead, slow, setup)
         self.hosts = dict(hosts)
         self.listen_host = listen_host
         self.upstream_timeout = upstream_timeout
@@ -196,6 +203,7 @@ class ForwardProxy:
             password=spec.password,
             dead=spec.dead,
             slow=spec.slow,
+            setup=spec.setup,
             **kwargs,
         )
 
@@ -266,6 +274,7 @@ class ForwardProxy:
                 await writer.wait_closed()
 
     async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        first = True
         while True:
             try:
                 head = await asyncio.wait_for(read_head(reader), self.idle_timeout)
@@ -294,9 +303,11 @@ class ForwardProxy:
                 )
                 status = 407
             else:
-                if self.spec.slow > 0:
-                    await asyncio.sleep(self.spec.slow)
+                delay = self.spec.slow + (self.spec.setup if first else 0.0)
+                if delay > 0:
+                    await asyncio.sleep(delay)
                 status, response = await self._forward(method, target, head, body, keep_alive)
+            first = False
             logger.debug("proxy %s: %s %s -> %d", self.source_ip, method, target, status)
             writer.write(response)
             await writer.drain()
@@ -466,6 +477,8 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dead", type=int, default=1)
     p.add_argument("--slow", type=int, default=1)
     p.add_argument("--slow-seconds", type=float, default=0.5)
+    p.add_argument("--setup-seconds", type=float, default=0.0,
+                   help="every proxy holds the first request of each new client connection this long")
     return p
 
 
@@ -478,6 +491,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         dead=args.dead,
         slow=args.slow,
         slow_seconds=args.slow_seconds,
+        setup_seconds=args.setup_seconds,
     )
     fleet = ProxyFleet(specs, site_hosts(args.site_port, args.host_pattern, args.site_host))
 

@@ -77,6 +77,9 @@ class DemoConfig:
     #: Sites that reject every client for this many seconds after their first request (the site
     #: circuit breaker's case).
     blackout: dict[str, float] = field(default_factory=dict)
+    #: Seconds every proxy holds the first request of each new client connection (a connection's
+    #: set-up: the arrival guard's case).
+    proxy_setup: float = 0.0
 
     def shard_pages(self, host: int) -> set[tuple[str, str]]:
         return {(site, path) for site, path in self.expected_pages
@@ -280,7 +283,8 @@ def _start_site(config: DemoConfig, workdir: Path, log: Path, children: list) ->
 def _start_proxies(config: DemoConfig, workdir: Path, site_port: int, children: list) -> list[dict]:
     ready = workdir / "proxies.ready"
     cmd = [sys.executable, "-m", "scrapy_proxy_shard.demo.forward_proxy", "--count", str(config.proxies),
-           "--site-port", str(site_port), "--proxy-file", str(workdir / "proxies.txt"), "--ready-file", str(ready)]
+           "--site-port", str(site_port), "--proxy-file", str(workdir / "proxies.txt"), "--ready-file", str(ready),
+           "--setup-seconds", str(config.proxy_setup)]
     children.append(_spawn(cmd, workdir / "proxies.out"))
     return json.loads(_wait_file(ready, children[-1]))["proxies"]
 

@@ -428,7 +428,8 @@ class _StoreBase:
                 session_ttl: float = 600.0, ban_ttl: float | None = None,
                 rest_after_response: float = 0.0, randomize_interval: bool = False,
                 autothrottle: AutothrottleOptions | None = None, rate_ban: bool = False,
-                retry_after: float | None = None):
+                retry_after: float | None = None,
+                arrival_guard: tuple[float, float | None] | None = None):
         """Give a slot back with the request's outcome; ``ban``/``dead`` quarantine the proxy.
 
         Pacing (on the Redis clock): the slot is free again at the later of the lease's start +
@@ -446,14 +447,19 @@ class _StoreBase:
         rest: the site said when the IP may come back. Unless the site's word proved wrong: an IP
         banned again within one quarantine length of its return gets the usual escalating quarantine
         (a site that says ``Retry-After: 1`` to an IP it blocks for good). A rate ban still moves the pace.
+
+        ``arrival_guard``: ``(cap, floor)`` in seconds: the slot's next start is pushed back by
+        ``min(cap, max(0, release - lease start - floor))`` on the Redis clock (the whole ``cap`` when
+        ``floor`` is None), so it is paced from when this request can have reached the site rather than
+        from its lease (see crawl/arrival.py). None: no guard.
         """
         return self._run(self._release_request, self._release_done, lease, outcome, latency, min_interval, reason,
                          session_ttl, ban_ttl, rest_after_response, randomize_interval, autothrottle, rate_ban,
-                         retry_after)
+                         retry_after, arrival_guard)
 
     def _release_request(self, lease, outcome, latency, min_interval, reason, session_ttl, ban_ttl,
                          rest_after_response=0.0, randomize_interval=False, autothrottle=None,
-                         rate_ban=False, retry_after=None) -> _Script:
+                         rate_ban=False, retry_after=None, arrival_guard=None) -> _Script:
         if outcome not in OUTCOMES:
             raise ValueError(f"outcome must be one of {OUTCOMES}, got {outcome!r}")
         adaptive = autothrottle is not None and autothrottle.enabled
@@ -491,7 +497,16 @@ class _StoreBase:
             _ms(max(session_ttl, 0.001)), _reason(reason or outcome), *ban_args,
             repr(float(self.ewma_alpha)), _ms(rest_after_response, "rest_after_response"),
             self._breaker_arg(site), self.site_idle_ms, *pace_args, told,
+            *self._guard_args(arrival_guard),
         ))
+
+    @staticmethod
+    def _guard_args(arrival_guard: tuple[float, float | None] | None) -> tuple[int, int]:
+        """release.lua ARGV[27..28]: the arrival guard's cap and floor, ms (floor -1: cold)."""
+        if not arrival_guard or not arrival_guard[0]:
+            return 0, -1
+        cap, floor = arrival_guard
+        return _ms(cap, "arrival guard"), -1 if floor is None else _ms(floor, "arrival floor")
 
     def _release_done(self, reply, request, *_) -> ReleaseResult:
         until = int(reply[2])
@@ -1142,8 +1157,10 @@ class PoolBackend(Protocol):
                       session_ttl: float = 600.0, ban_ttl: float | None = None,
                       rest_after_response: float = 0.0, randomize_interval: bool = False,
                       autothrottle: AutothrottleOptions | None = None, rate_ban: bool = False,
-                      retry_after: float | None = None) -> ReleaseResult:
-        """Give a slot back: free again at max(lease start + min_interval, now + rest_after_response)."""
+                      retry_after: float | None = None,
+                      arrival_guard: tuple[float, float | None] | None = None) -> ReleaseResult:
+        """Give a slot back: free again at max(lease start + min_interval + the arrival guard's shift,
+        now + rest_after_response)."""
         ...
 
     async def end_session(self, pool: str, site: str, session_id: str, *, min_interval: float = 0.0) -> bool: ...

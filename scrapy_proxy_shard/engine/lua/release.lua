@@ -37,6 +37,12 @@
 -- ARGV[26] the site's Retry-After of this ban, ms, or 0: the quarantine lasts exactly that long (no
 --          jitter, no learned rest) unless the IP was banned again within one quarantine length of
 --          its return (the site's word proved wrong: the usual escalation from ARGV[11])
+-- ARGV[27] arrival guard cap, ms (0: none)    ARGV[28] the caller's floor for this proxy on the site, ms
+--          (-1: none yet). The slot's next start is pushed back by min(cap, max(1, now - start - floor)):
+--          it is paced from when this request can have reached the site, not from its lease (a request
+--          slower than the quickest the caller has seen can have arrived that much late; see
+--          crawl/arrival.py). Without a floor (the caller's first use of the proxy on the site: new
+--          connections) by now - start: this release is the only sure bound on the arrival
 -- Replies:
 --   {"OK", now_ms, ban_until_ms, strikes, breaker_event, bans, proxies, reasons, window_ms, cooloff_ms,
 --    learned_interval, pace_event}
@@ -67,6 +73,7 @@ local bad = arg_str(1, 'site') or arg_str(2, 'member') or arg_str(3, 'token') or
   or arg_int(22, 'autothrottle max interval ms', 1, MAX_MS)
   or arg_num(23, 'interval factor', 0, 2) or arg_int(24, 'rate ban flag', 0, 1)
   or arg_int(25, 'autothrottle ban ttl ms', 1, MAX_MS) or arg_int(26, 'retry-after ms', 0, MAX_MS)
+  or arg_int(27, 'arrival guard ms', 0, MAX_MS) or arg_int(28, 'arrival floor ms', -1, MAX_MS)
   or arg_str(17, 'breaker', true)
 if bad then return redis.error_reply(bad) end
 local breaker, bad_breaker = breaker_conf(ARGV[17])
@@ -105,6 +112,18 @@ if ARGV[19] == '1' then
   pace_iv = pace_ms(learned)
   redis.call('PEXPIRE', K_PACE, PACE_KEEP_MS)  -- a learned pace outlives restarts, not a dead site
 end
+-- The interval a use that started at `start` paces its slot with: + the arrival guard's shift.
+local guard_cap, guard_floor = tonumber(ARGV[27]), tonumber(ARGV[28])
+local function guarded(start)
+  if guard_cap == 0 or not start then return interval end
+  -- At least 1 ms: `start` is whole ms, read up to 1 ms before the true start.
+  local shift = now - start
+  if guard_floor >= 0 then
+    shift = shift - guard_floor
+    if shift < 1 then shift = 1 elseif shift > guard_cap then shift = guard_cap end
+  end
+  return interval + shift
+end
 
 if sid ~= '' then
   local S = K_SESSION
@@ -117,7 +136,7 @@ if sid ~= '' then
     --@lazy held_record touch_site
     -- The session's next use follows the same pacing law as a plain slot.
     local start = lease_start(record)
-    redis.call('HSET', S, 'busy', 0, 'next', paced_at(start, interval, now, rest))
+    redis.call('HSET', S, 'busy', 0, 'next', paced_at(start, guarded(start), now, rest))
     redis.call('PEXPIRE', S, session_ttl)
     redis.call('HSET', K_SITE, member, held_record(token, host, start or now, now + session_ttl, sid))
     local b = blocked_until(site, id)
@@ -134,7 +153,8 @@ else
     status = 'STALE'
   else
     redis.call('HDEL', K_SITE, member)
-    local at = next_free(site, id, paced_at(lease_start(v), interval, now, rest))
+    local start = lease_start(v)
+    local at = next_free(site, id, paced_at(start, guarded(start), now, rest))
     if redis.call('ZADD', ready, 'XX', 'CH', at, member) == 1 then
       announce_freed()
     end
