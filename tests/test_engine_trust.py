@@ -466,6 +466,50 @@ class _NegativeWaitStore:
         return LeaseWait(-5.0, "pool")
 
 
+class _ScriptedWaitStore:
+    """Answers the given waits in turn, then leases; records every block on the freed list."""
+
+    def __init__(self, waits) -> None:
+        self.waits = list(waits)
+        self.blocked: list[float] = []
+
+    async def lease(self, *args, **kwargs):
+        if self.waits:
+            return self.waits.pop(0)
+        return Lease(POOL, "a.example", "p1", "http://10.0.0.1:8000", "p1/0", "tok", 9e9, 1.0)
+
+    async def wait_for_release(self, pool, site, timeout):
+        self.blocked.append(timeout)
+        return False
+
+
+def test_a_pacing_wait_is_slept_exactly_others_at_least_min_pause(monkeypatch):
+    """A wait the engine knows exactly (a slot pacing, a session) is slept that long, at least
+    PACING_PAUSE: every ms late is throughput lost at the site's limit. A held slot's wait blocks on the
+    freed list for at least MIN_PAUSE; a negative wait (no engine answers it) sleeps MIN_PAUSE."""
+    from scrapy_proxy_shard.crawl import runtime as runtime_module
+    from scrapy_proxy_shard.crawl.runtime import PACING_PAUSE, STOP_POLL
+
+    runtime, _ = _runtime({"PROXY_SHARD_MODE": "embedded", "PROXY_SHARD_MIN_INTERVAL": 0.2})
+    fake = _ScriptedWaitStore([LeaseWait(0.012, "pool"), LeaseWait(0.001, "pool"), LeaseWait(0.03, "session"),
+                               LeaseWait(0.02, "held"), LeaseWait(-5.0, "pool")])
+    runtime._store = fake
+    slept: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def sleep(seconds, *args, **kwargs):
+        if seconds != STOP_POLL:  # (the stop watcher's own polls)
+            slept.append(seconds)
+        await real_sleep(seconds, *args, **kwargs)
+
+    monkeypatch.setattr(runtime_module.asyncio, "sleep", sleep)
+    asyncio.run(runtime.acquire(Request("http://a.example/"), POOL, "a.example", None))
+    assert slept[:3] == [0.012, PACING_PAUSE, 0.03]
+    assert fake.blocked == [MIN_PAUSE]  # the held slot: on the freed list, at least MIN_PAUSE
+    # ... whose instant wake-up (a stale entry) is topped up to MIN_PAUSE / 5; the negative wait: MIN_PAUSE
+    assert len(slept) == 5 and 0 < slept[3] <= MIN_PAUSE / 5 and slept[4] == MIN_PAUSE
+
+
 def test_the_wait_loop_cannot_spin():
     runtime, _ = _runtime({"PROXY_SHARD_MODE": "embedded", "PROXY_SHARD_MAX_WAIT": 0.5})
     fake = _NegativeWaitStore()

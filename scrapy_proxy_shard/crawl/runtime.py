@@ -48,6 +48,8 @@ MAX_BLOCK = 2.0
 LEASE_MARGIN = 2.0
 #: Shortest pause between two lease calls of one waiting request (seconds): the loop cannot spin.
 MIN_PAUSE = 0.05
+#: ... when the engine said exactly when a slot frees (pacing): slept that long, but at least this.
+PACING_PAUSE = 0.005
 #: How often a waiting request checks whether the crawl is stopping (seconds).
 STOP_POLL = 0.2
 #: Pause before a request asks again after the store gave up waiting out BUSY / LOADING (seconds).
@@ -513,12 +515,13 @@ class ShardRuntime:
                 self.stats.inc_value(f"{STATS}/breaker/waits")  # requests held back by an open breaker
                 breaker_waits += 1
             try:
-                await self._until(self._wait(pool, site, result, deadline - loop.time()), deadline, pool, site)
+                exact = await self._until(self._wait(pool, site, result, deadline - loop.time()), deadline, pool,
+                                          site)
             except NoProxyAvailable as exc:
                 if result.reason != "breaker" or self._crawl_stopping():
                     raise
                 raise NoProxyAvailable(f"{exc}{_breaker_note(result)}") from None
-            rest = MIN_PAUSE / 5 - (loop.time() - started)
+            rest = (PACING_PAUSE if exact else MIN_PAUSE / 5) - (loop.time() - started)
             if rest > 0:  # a wake-up that came at once (a stale freed entry): still not a busy loop
                 await self._until(asyncio.sleep(rest), deadline, pool, site)
 
@@ -671,7 +674,7 @@ class ShardRuntime:
             f"({self.settings.max_wait:g}s, counted from the request's first ask)"
         )
 
-    async def _wait(self, pool: str, site: str, wait: LeaseWait, remaining: float) -> None:
+    async def _wait(self, pool: str, site: str, wait: LeaseWait, remaining: float) -> bool:
         """Wait as long as the engine said, waking early only when that can help.
 
         The reported wait is exact when the earliest slot is pacing or quarantined, and only an upper
@@ -679,26 +682,31 @@ class ShardRuntime:
         wait (no longer than the longest pacing a release sets: the interval, x1.5 when randomized,
         plus the arrival guard, or the rest after response) is slept exactly (locally: Redis checks
         blocking timeouts only ``hz`` times a second, up to 100 ms late, which would eat the pacing
-        gain). Under
+        gain), at least PACING_PAUSE: every ms late is throughput lost at the site's limit (path
+        jitter that makes an exact start land early is the arrival guard's job). Under
         start-to-start pacing a slot released meanwhile is free at its own start + interval, so it
         can beat the pacing slot only if it started earlier (a slow download) and by no more than
         the gap between the two starts; within ``rest_after_response`` nothing can beat it at all.
         Longer waits (a quarantine) block on the site's freed list, which a release on any host
         wakes, with the reported wait as timeout. A session waits for its own proxy: a plain sleep.
-        Any pause lasts at least MIN_PAUSE, whatever the engine answered (never a busy loop).
+        Any other pause lasts at least MIN_PAUSE, whatever the engine answered (never a busy loop).
+        Returns whether the wait was an exact (pacing) one.
         """
-        pause = max(MIN_PAUSE, min(wait.wait, remaining))
         o = self.options_of(site)
         interval = self.interval_of(site)
         if o.autothrottle is not None and o.autothrottle.enabled:
             interval *= 1.5  # another host may have raised it once since this host last saw it
         longest_pacing = max(interval * (1.5 if o.randomize_interval else 1.0) + self._guard_cap(site),
                              o.rest_after_response)
+        if wait.wait <= 0:  # no engine answers this (a half-written lease once did): never a busy loop
+            await asyncio.sleep(MIN_PAUSE)
+            return False
         exact = wait.reason == "session" or (wait.reason == "pool" and wait.wait <= longest_pacing)
         if exact:
-            await asyncio.sleep(pause)
-        else:
-            await self.store.wait_for_release(pool, site, min(pause, MAX_BLOCK))
+            await asyncio.sleep(max(PACING_PAUSE, min(wait.wait, remaining)))
+            return True
+        await self.store.wait_for_release(pool, site, min(max(MIN_PAUSE, min(wait.wait, remaining)), MAX_BLOCK))
+        return False
 
     async def finish(self, request: Request, outcome: str, *, reason: str | None = None,
                      retry_after: float | None = None) -> ReleaseResult | None:
