@@ -57,6 +57,7 @@ import argparse
 import contextlib
 import itertools
 import json
+import math
 import os
 import platform
 import random
@@ -144,7 +145,7 @@ class BenchRecorder:
 
     def lease_acquired(self, request: Any, lease: Any, waited: float) -> None:
         """Diagnostics for (b): when each request got its proxy, on the Redis clock."""
-        self.trace.append(["lease", request.url, lease.proxy_id, lease.issued_at, time.time()])
+        self.trace.append(["lease", request.url, lease.proxy_id, lease.issued_at])
 
     def lease_released(self, request: Any, lease: Any, outcome: str, reason: Any, result: Any) -> None:
         """Diagnostics for (b): when each lease went back, on the Redis clock."""
@@ -702,7 +703,8 @@ def breakdown(entries: list[dict], hosts: list[dict], manifest: list[dict], args
     Scrapy); judge+release = Redis release time - response (ban detection, the release round trip);
     late = lease of k+1 - (lease of k + PROXY_SHARD_MIN_INTERVAL) (Redis times: start-to-start pacing,
     so the arrival guard's shift plus how long the free slot waited for a taker); out = site start of
-    k+1 - its lease (Scrapy downloader -> proxy -> new upstream connection -> site).
+    k+1 - its lease (Scrapy downloader -> proxy -> new upstream connection -> site), of which to-dl is
+    the part before Scrapy's downloader has it (``request_reached_downloader``: this host's event loop).
     """
     from scrapy_proxy_shard.engine.proxies import make_proxy
 
@@ -710,6 +712,7 @@ def breakdown(entries: list[dict], hosts: list[dict], manifest: list[dict], args
     leases: dict[tuple[str, str], list[float]] = defaultdict(list)  # (url, ip) -> Redis lease times
     releases_by_url: dict[str, list[float]] = defaultdict(list)  # url -> Redis release times
     responded: dict[str, list[float]] = defaultdict(list)
+    reached: dict[str, list[float]] = defaultdict(list)  # url -> when Scrapy's downloader had it
     for host in hosts:
         for ev in host["trace"]:
             if ev[0] == "lease":
@@ -718,6 +721,8 @@ def breakdown(entries: list[dict], hosts: list[dict], manifest: list[dict], args
                 releases_by_url[ev[1]].append(ev[3])
             elif ev[0] == "resp":
                 responded[ev[1]].append(ev[2])
+            elif ev[0] == "reach":
+                reached[ev[1]].append(ev[2])
     parts: dict[str, list[float]] = defaultdict(list)
     for (ip, site), group in _live_slots(entries, args.burnt_map).items():
         for a, b in itertools.pairwise(group):
@@ -733,6 +738,9 @@ def breakdown(entries: list[dict], hosts: list[dict], manifest: list[dict], args
             parts["judge+release"].append(rel_a - resp_a)
             parts["late"].append(lease_b - (lease_a + args.interval))
             parts["out"].append(b["start"] - lease_b)
+            reach_b = _nearest_before(reached.get(url_b, []), b["start"])
+            if reach_b is not None and reach_b >= lease_b:
+                parts["to-dl"].append(reach_b - lease_b)
             parts["cycle"].append(b["start"] - a["start"])
     return {
         "cycles": len(parts["cycle"]),
@@ -842,7 +850,7 @@ def report_efficiency(args: argparse.Namespace, b: dict) -> list[str]:
     lines.append("  Where the time goes: parts of one cycle of a live (IP, site) slot, medians in ms over every cycle "
                  "of the median run (site log joined with the crawls' traces; ideal cycle = the interval, "
                  f"{1000 * args.interval:.0f} ms; the site allows {1000 * args.site_interval:.0f})")
-    names = ("service", "back", "judge+release", "late", "out", "cycle")
+    names = ("service", "back", "judge+release", "late", "out", "to-dl", "cycle")
     lines.append(f"    {'variant':10s} " + " ".join(f"{n:>13s}" for n in names) + "   leases")
     for variant, rs in b["runs"].items():
         pick = sorted(rs, key=lambda r: r["efficiency"])[len(rs) // 2]
@@ -850,11 +858,12 @@ def report_efficiency(args: argparse.Namespace, b: dict) -> list[str]:
         if not d or not d["cycles"]:
             continue
         med = d["medians"]
-        lines.append(f"    {variant:10s} " + " ".join(f"{1000 * med[n]:13.1f}" for n in names)
+        lines.append(f"    {variant:10s} " + " ".join(f"{1000 * med.get(n, math.nan):13.1f}" for n in names)
                      + f"   {d['leases']:6d}")
     lines.append("    (service: the site's own time; back: site -> proxy -> Scrapy; judge+release: ban detection + "
                  "release round trip; late: lease gap - interval, the arrival guard's shift + the free slot waiting "
-                 "for a taker; out: lease -> Scrapy downloader -> proxy -> site)")
+                 "for a taker; out: lease -> Scrapy downloader -> proxy -> site; to-dl: the part of out before "
+                 "Scrapy's downloader has the request)")
     return lines
 
 
