@@ -48,8 +48,10 @@ PAIR_SAMPLES = 8
 MAX_PAIRS = 65536
 #: Redis times are whole milliseconds: a lease's start and its release may each read up to 1 ms
 #: early, so one answer's time is up to 1 ms off either way and the floor handed to release.lua is
-#: this much lower (release.lua also shifts by at least 1 ms: the start itself may read 1 ms early).
+#: this much lower.
 CLOCK_STEP = 0.002
+#: The least shift of a warm pair (release.lua's 1 ms): the start itself may read 1 ms early.
+MIN_SHIFT = 0.001
 
 
 class _Floor:
@@ -79,7 +81,8 @@ class ArrivalGuard:
 
     A release sends the pair's floor (:meth:`floor`) with the guard's cap; release.lua, which knows
     the lease's start and the release's time on the Redis clock, pushes the slot's next start back by
-    ``min(cap, max(0, now - start - floor))`` (``floor`` None: cold, the whole cap). The release's reply
+    ``min(cap, max(MIN_SHIFT, now - start - floor))``, or by ``now - start`` (paced from the release)
+    when ``floor`` is None (cold). The release's reply
     then feeds the pair's floor (:meth:`observe`). Both ends of ``elapsed`` are Redis times, so a
     stall of this host between the lease's reply and the request's departure counts too, and host
     clock skew does not.
@@ -123,7 +126,7 @@ class ArrivalGuard:
         """What release.lua added to the interval (the same formula, for stats and tests)."""
         if floor is None:
             return max(0.0, elapsed)
-        return min(cap, max(CLOCK_STEP / 2, elapsed - floor))
+        return min(cap, max(MIN_SHIFT, elapsed - floor))
 
     def __len__(self) -> int:
         return len(self._pairs)

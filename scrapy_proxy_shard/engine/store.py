@@ -449,9 +449,9 @@ class _StoreBase:
         (a site that says ``Retry-After: 1`` to an IP it blocks for good). A rate ban still moves the pace.
 
         ``arrival_guard``: ``(cap, floor)`` in seconds: the slot's next start is pushed back by
-        ``min(cap, max(0, release - lease start - floor))`` on the Redis clock (the whole ``cap`` when
-        ``floor`` is None), so it is paced from when this request can have reached the site rather than
-        from its lease (see crawl/arrival.py). None: no guard.
+        ``min(cap, max(1 ms, release - lease start - floor))`` on the Redis clock (by ``release - lease
+        start`` when ``floor`` is None: paced from the release), so it is paced from when this request
+        can have reached the site rather than from its lease (see crawl/arrival.py). None: no guard.
         """
         return self._run(self._release_request, self._release_done, lease, outcome, latency, min_interval, reason,
                          session_ttl, ban_ttl, rest_after_response, randomize_interval, autothrottle, rate_ban,

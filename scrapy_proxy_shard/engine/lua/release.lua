@@ -116,10 +116,10 @@ end
 local guard_cap, guard_floor = tonumber(ARGV[27]), tonumber(ARGV[28])
 local function guarded(start)
   if guard_cap == 0 or not start then return interval end
-  -- At least 1 ms: `start` is whole ms, read up to 1 ms before the true start.
-  local shift = now - start
+  local shift = now - start  -- no floor (cold): paced from this release
   if guard_floor >= 0 then
     shift = shift - guard_floor
+    -- At least 1 ms: `start` is whole ms, read up to 1 ms before the true start.
     if shift < 1 then shift = 1 elseif shift > guard_cap then shift = guard_cap end
   end
   return interval + shift
