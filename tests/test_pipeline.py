@@ -46,6 +46,19 @@ def _pipe(client) -> ScriptPipeline:
     return pipe
 
 
+async def _kill_mid_flight(pipe: ScriptPipeline, admin: redis.Redis, blpop_timeout: int) -> tuple[str, list]:
+    """Queue a BLPOP (it holds the connection: everything pipelined behind it waits in the server) and
+    ten ECHOs on ``pipe``, check none is answered yet, then kill the connection from ``admin``.
+    Returns the killed connection's id and the calls (futures)."""
+    conn_id = await pipe.execute(("CLIENT", "ID"))
+    calls = [asyncio.ensure_future(pipe.execute(("BLPOP", "pipeline:never", blpop_timeout)))]
+    calls += [asyncio.ensure_future(pipe.execute(("ECHO", f"m{i}"))) for i in range(10)]
+    await asyncio.sleep(0.2)
+    assert not any(call.done() for call in calls)
+    await asyncio.to_thread(admin.execute_command, "CLIENT", "KILL", "ID", conn_id)
+    return conn_id, calls
+
+
 def _sleep_redis(url: str, seconds: float) -> threading.Thread:
     """DEBUG SLEEP from another client; returns 0.3 s after sending it (a loaded machine may take a
     while to get the command to the server: the caller's sleep must outlast that margin)."""
@@ -99,13 +112,7 @@ def test_a_killed_connection_fails_the_calls_in_flight_and_the_next_call_reconne
         client = _client(redis_server)
         pipe = _pipe(client)
         try:
-            conn_id = await pipe.execute(("CLIENT", "ID"))
-            # BLPOP holds the connection: everything pipelined behind it waits in the server
-            calls = [asyncio.ensure_future(pipe.execute(("BLPOP", "pipeline:never", 0)))]
-            calls += [asyncio.ensure_future(pipe.execute(("ECHO", f"m{i}"))) for i in range(10)]
-            await asyncio.sleep(0.2)
-            assert not any(call.done() for call in calls)
-            await asyncio.to_thread(admin.execute_command, "CLIENT", "KILL", "ID", conn_id)
+            conn_id, calls = await _kill_mid_flight(pipe, admin, 0)
             outcomes = await asyncio.gather(*calls, return_exceptions=True)
             assert await pipe.execute(("ECHO", "after")) == "after"
             assert await pipe.execute(("CLIENT", "ID")) != conn_id
@@ -130,12 +137,7 @@ def test_the_clients_retry_policy_resends_calls_lost_with_a_killed_connection(re
         client = async_client(settings)
         pipe = _pipe(client)
         try:
-            conn_id = await pipe.execute(("CLIENT", "ID"))
-            calls = [asyncio.ensure_future(pipe.execute(("BLPOP", "pipeline:never", 1)))]
-            calls += [asyncio.ensure_future(pipe.execute(("ECHO", f"m{i}"))) for i in range(10)]
-            await asyncio.sleep(0.2)
-            assert not any(call.done() for call in calls)
-            await asyncio.to_thread(admin.execute_command, "CLIENT", "KILL", "ID", conn_id)
+            conn_id, calls = await _kill_mid_flight(pipe, admin, 1)
             outcomes = await asyncio.gather(*calls)  # resent once on a new connection
             return outcomes, await pipe.execute(("CLIENT", "ID")) != conn_id
         finally:
