@@ -426,16 +426,19 @@ class Counter:
     def stop(self) -> tuple[int, int, int]:
         stats = self.admin.info("stats")
         commands = self.admin.info("commandstats")
-        usec = int(commands.get("cmdstat_evalsha", {}).get("usec", 0))
+        # Lease and release go by FCALL where Redis has Functions (7.0+), by EVALSHA elsewhere.
+        usec = sum(int(commands.get(f"cmdstat_{name}", {}).get("usec", 0)) for name in ("evalsha", "fcall"))
         return (int(stats["total_net_output_bytes"]) - self.base[0],
                 int(stats["total_net_input_bytes"]) - self.base[1], usec)
 
 
 def measure_calls(admin: redis.Redis, store: PoolStore, setups: dict[int, PoolSetup], site: str,
-                  rounds: int) -> tuple[dict[int, tuple[CallCost, CallCost]], CallCost,
-                                        dict[int, tuple[CallCost, CallCost]]]:
+                  rounds: int, evalsha_store: PoolStore | None = None
+                  ) -> tuple[dict[int, tuple[CallCost, CallCost]], CallCost, dict[int, tuple[CallCost, CallCost]],
+                             dict[int, tuple[CallCost, CallCost]]]:
     """Bytes and server CPU per lease, per release (every pool size) and per trivial call, and the
-    same for the reference lease and release.
+    same for the reference lease and release; with ``evalsha_store`` (a store with Functions off, when
+    ``store`` calls lease and release by FCALL), the same again by EVALSHA (the last dict; empty without).
 
     Each round leases a batch of slots on every pool (all held at once), releases them, does the same
     with the reference scripts on a ZSET of as many members, then makes as many trivial calls; rounds
@@ -445,22 +448,25 @@ def measure_calls(admin: redis.Redis, store: PoolStore, setups: dict[int, PoolSe
     ref_lease, ref_release = admin.register_script(REFERENCE_LEASE), admin.register_script(REFERENCE_RELEASE)
     counter = Counter(admin)
     costs = {size: (CallCost(), CallCost()) for size in setups}
+    by_evalsha = {size: (CallCost(), CallCost()) for size in setups} if evalsha_store is not None else {}
     reference = {size: (CallCost(), CallCost()) for size in setups}
     trivial = CallCost()
     ttl_ms = str(int(LEASE_TTL * 1000))
     for n in range(rounds):
         for size, setup in setups.items():
-            lease_cost, release_cost = costs[size]
             batch = min(BYTES_BATCH, size)
-            counter.start()
-            leases = [store.lease(setup.pool, site, ttl=LEASE_TTL) for _ in range(batch)]
-            lease_cost.add(batch, counter.stop())
-            if not all(isinstance(lease, Lease) for lease in leases):
-                raise RuntimeError(f"{setup.pool}: a lease found no free slot while counting bytes")
-            counter.start()
-            for lease in leases:
-                store.release(lease, outcome="ok", latency=LATENCY, min_interval=0.0)
-            release_cost.add(batch, counter.stop())
+            for one, (lease_cost, release_cost) in ((store, costs[size]), (evalsha_store, by_evalsha.get(size))):
+                if one is None:
+                    continue
+                counter.start()
+                leases = [one.lease(setup.pool, site, ttl=LEASE_TTL) for _ in range(batch)]
+                lease_cost.add(batch, counter.stop())
+                if not all(isinstance(lease, Lease) for lease in leases):
+                    raise RuntimeError(f"{setup.pool}: a lease found no free slot while counting bytes")
+                counter.start()
+                for lease in leases:
+                    one.release(lease, outcome="ok", latency=LATENCY, min_interval=0.0)
+                release_cost.add(batch, counter.stop())
             ref_keys = setup.reference_keys
             counter.start()
             held = [ref_lease(keys=ref_keys, args=[ttl_ms, f"{n:08d}{i:08d}"]) for i in range(batch)]
@@ -477,7 +483,7 @@ def measure_calls(admin: redis.Redis, store: PoolStore, setups: dict[int, PoolSe
         for _ in range(BYTES_BATCH):
             script(keys=[prefix])
         trivial.add(BYTES_BATCH, counter.stop())
-    return costs, trivial, reference
+    return costs, trivial, reference, by_evalsha
 
 
 # --- report ---------------------------------------------------------------------------------------
@@ -568,6 +574,7 @@ def main(argv: list[str] | None = None) -> int:
         store.add_proxies("warmup", proxy_urls(1))
         store.release(store.lease("warmup", "warmup", ttl=LEASE_TTL))
         admin.register_script(TRIVIAL_SCRIPT)(keys=["warmup"])
+        hot_path = "FCALL (Redis Functions)" if store._functions is not None else "EVALSHA"
 
         setups = {size: build_pool(admin, store, size, sites) for size in sizes}
         for setup in setups.values():
@@ -586,7 +593,11 @@ def main(argv: list[str] | None = None) -> int:
                                             args.slice))
 
         rounds = 6 if args.quick else 16  # (--quick: enough rounds for a stable median of the paired ratios)
-        costs, trivial_cost, reference = measure_calls(admin, store, setups, "solo", rounds)
+        evalsha_store = None
+        if store._functions is not None:  # the same calls by EVALSHA, measured in the same rounds
+            evalsha_store = PoolStore(admin, namespace=NAMESPACE, host_id="bench-evalsha", functions=False)
+        costs, trivial_cost, reference, by_evalsha = measure_calls(admin, store, setups, "solo", rounds,
+                                                                   evalsha_store)
         for setup in setups.values():
             counters_memory(admin, setup)
         admin.close()
@@ -608,6 +619,7 @@ def main(argv: list[str] | None = None) -> int:
     print("scrapy-proxy-shard engine benchmark (benchmarks/bench_engine.py)")
     print(f"  redis-server {version} (malloc {malloc}), python {platform.python_version()}, redis-py "
           f"{redis.__version__}, {cpus} CPUs, {platform.system()} {platform.release()}; engine {revision}")
+    print(f"  lease and release called by {hot_path}")
     print(f"  each figure: {args.seconds:g} s timed per repetition, in {args.slice:g} s slices interleaved with "
           f"the other figures of its column, x{args.repeat} repetitions averaged; {args.warmup:g} s warm-up per "
           f"job; {nproc} worker processes ({ctx.get_start_method()}); whole run {elapsed:.0f} s")
@@ -740,6 +752,16 @@ def main(argv: list[str] | None = None) -> int:
                        verdict(ok)])
     print(table(["pool size", "ours us", "reference us", "ours / reference", "ours / 2 x `return 1`",
                  "reference / 2 x `return 1`"], rows))
+    if by_evalsha:
+        print("\n  the same lease + release by EVALSHA (Functions off), same rounds: what FCALL saves")
+        rows = []
+        for size in sizes:
+            fcall, evalsha = cycle_usec(costs[size]), cycle_usec(by_evalsha[size])
+            ratio = statistics.median(a / b for a, b in zip(fcall, evalsha, strict=True))
+            ref = statistics.median(cycle_usec(reference[size]))
+            rows.append([n0(size), f"{statistics.median(evalsha):.1f}", f"{statistics.median(fcall):.1f}",
+                         f"{ratio:.2f}", f"{statistics.median(evalsha) / ref:.2f}"])
+        print(table(["pool size", "EVALSHA us", "FCALL us", "FCALL / EVALSHA", "EVALSHA / reference"], rows))
     ref_us = statistics.median(statistics.median(cycle_usec(reference[size])) for size in sizes)
     issue_mid = sum(ISSUE_REFERENCE_US) / 2
     slow = ref_us > ISSUE_REFERENCE_US[1]

@@ -109,6 +109,7 @@ DEFAULTS: dict[str, Any] = {
     "PROXY_SHARD_MODE": "auto",
     "PROXY_SHARD_REDIS_CLUSTER": False,
     "PROXY_SHARD_REDIS_PIPELINE": True,  # lease/release scripts pipelined on one connection (plain client)
+    "PROXY_SHARD_REDIS_FUNCTIONS": True,  # lease/release as Redis Functions (FCALL) where Redis has them
     "PROXY_SHARD_REDIS_SENTINELS": None,
     "PROXY_SHARD_REDIS_SENTINEL_MASTER": None,
     "PROXY_SHARD_HOSTS": None,
@@ -296,6 +297,7 @@ class ShardSettings:
     requested_mode: str
     redis_cluster: bool
     redis_pipeline: bool  # PROXY_SHARD_REDIS_PIPELINE: script calls pipelined on one connection (engine/pipeline.py)
+    redis_functions: bool  # PROXY_SHARD_REDIS_FUNCTIONS: lease/release by FCALL (engine/scripts.py function_library)
     redis_sentinels: tuple[tuple[str, int], ...]
     redis_sentinel_master: str | None
     hosts: tuple[str, ...]
@@ -408,6 +410,7 @@ class ShardSettings:
             requested_mode=get("PROXY_SHARD_MODE"),
             redis_cluster=_boolean(s, "PROXY_SHARD_REDIS_CLUSTER"),
             redis_pipeline=_boolean(s, "PROXY_SHARD_REDIS_PIPELINE"),
+            redis_functions=_boolean(s, "PROXY_SHARD_REDIS_FUNCTIONS"),
             redis_sentinels=_sentinels(get),
             redis_sentinel_master=_sentinel_master(get),
             hosts=_hosts(get, host_id),
@@ -568,24 +571,30 @@ def _site_entries(settings: BaseSettings) -> list[tuple[str, str, dict[str, Any]
 
 
 MIN_SITE_IDLE_TTL = 60.0
+#: Longest factor of a randomized interval ([0.5, 1.5) x the interval, as RANDOMIZE_DOWNLOAD_DELAY).
+RANDOMIZED_MAX = 1.5
 
 
 def _site_idle_ttl(get: Any, pacing: SiteOptions, sites: Mapping[str, SiteOptions],
                    autothrottle: AutothrottleOptions) -> float:
     """PROXY_SHARD_SITE_IDLE_TTL: at least a minute, and at least twice the longest pacing gap of any
-    site — with adaptive pacing, the longest interval it may learn (AUTOTHROTTLE_MAX_INTERVAL) — so a
-    site's state never expires between two paced uses of one of its slots (the start of a use is what
-    pacing counts from, and it lives in the site's state)."""
+    site, so a site's state never expires between two paced uses of one of its slots (the start of a
+    use is what pacing counts from, and it lives in the site's state). A gap is the interval — with
+    adaptive pacing, the longest it may learn (AUTOTHROTTLE_MAX_INTERVAL) — x 1.5 when randomized, plus
+    the arrival guard's longest shift (guard x the interval), or the rest after a response."""
     idle = _number(get, "PROXY_SHARD_SITE_IDLE_TTL", minimum=MIN_SITE_IDLE_TTL, maximum=MAX_SESSION_TTL)
-    gaps = [max(o.min_interval, o.rest_after_response) for o in (pacing, *sites.values())]
-    learned = [o.max_interval for o in (autothrottle, *(s.autothrottle for s in sites.values()))
-               if o is not None and o.enabled]
-    longest = max(gaps + learned)
+    gaps = []
+    for own in (pacing, *sites.values()):
+        at = own.autothrottle if own.autothrottle is not None else autothrottle
+        interval = max(own.min_interval, at.max_interval if at.enabled else 0.0)
+        factor = (RANDOMIZED_MAX if own.randomize_interval else 1.0) + own.arrival_guard
+        gaps.append(max(interval * factor, own.rest_after_response))
+    longest = max(gaps)
     if idle < 2 * longest:
         raise SettingError(
-            f"PROXY_SHARD_SITE_IDLE_TTL ({idle!r}) must be at least twice the longest pacing interval "
-            f"({longest!r} s, PROXY_SHARD_MIN_INTERVAL / REST_AFTER_RESPONSE / AUTOTHROTTLE_MAX_INTERVAL or a "
-            f"PROXY_SHARD_SITES entry)"
+            f"PROXY_SHARD_SITE_IDLE_TTL ({idle!r}) must be at least twice the longest pacing gap "
+            f"({longest:g} s: PROXY_SHARD_MIN_INTERVAL or AUTOTHROTTLE_MAX_INTERVAL x (1, or 1.5 randomized, + "
+            f"ARRIVAL_GUARD), or REST_AFTER_RESPONSE, of the settings or a PROXY_SHARD_SITES entry)"
         )
     return idle
 

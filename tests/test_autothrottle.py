@@ -364,10 +364,16 @@ def test_settings_defaults_and_per_site_overrides():
      "PROXY_SHARD_SITES['a.example'].autothrottle_enabled ('maybe') must be True or False"),
     ({"PROXY_SHARD_SITES": {"a.example": {"autothrotle_min_interval": 1}}}, "unknown option(s)"),
     # a site's state must not expire between two uses paced by the longest interval adaptive pacing may learn
+    # (a gap: the interval x (1 + the arrival guard's 0.5 by default), x 1.5 when randomized)
     ({"PROXY_SHARD_AUTOTHROTTLE_ENABLED": True, "PROXY_SHARD_SITE_IDLE_TTL": 100},
-     "PROXY_SHARD_SITE_IDLE_TTL (100.0) must be at least twice the longest pacing interval (60.0 s"),
+     "PROXY_SHARD_SITE_IDLE_TTL (100.0) must be at least twice the longest pacing gap (90 s"),
     ({"PROXY_SHARD_SITES": {"a.example": {"autothrottle_enabled": True, "autothrottle_max_interval": 2000}}},
-     "PROXY_SHARD_SITE_IDLE_TTL (3600.0) must be at least twice the longest pacing interval (2000.0 s"),
+     "PROXY_SHARD_SITE_IDLE_TTL (3600.0) must be at least twice the longest pacing gap (3000 s"),
+    # the arrival guard's shift and the randomized interval count: 35 s x (1.5 + 0.5) = 70 s > 120 / 2
+    ({"PROXY_SHARD_MIN_INTERVAL": 35, "PROXY_SHARD_RANDOMIZE_INTERVAL": True, "PROXY_SHARD_SITE_IDLE_TTL": 120},
+     "PROXY_SHARD_SITE_IDLE_TTL (120.0) must be at least twice the longest pacing gap (70 s"),
+    ({"PROXY_SHARD_SITES": {"a.example": {"min_interval": 40, "arrival_guard": 2.0}}, "PROXY_SHARD_SITE_IDLE_TTL": 200},
+     "PROXY_SHARD_SITE_IDLE_TTL (200.0) must be at least twice the longest pacing gap (120 s"),
 ])
 def test_settings_validation_names_the_bad_setting(settings, message):
     with pytest.raises(SettingError) as err:

@@ -41,7 +41,7 @@ from scrapy_proxy_shard.engine.breaker import BreakerEvent, BreakerOptions, Brea
 from scrapy_proxy_shard.engine.pacing import AutothrottleOptions, PaceState
 from scrapy_proxy_shard.engine.pipeline import direct_scripts_for, pipeline_for
 from scrapy_proxy_shard.engine.proxies import Proxy, make_proxy, mask, parse_proxy, proxy_id
-from scrapy_proxy_shard.engine.scripts import register_all
+from scrapy_proxy_shard.engine.scripts import FunctionLibrary, function_library, register_all
 from scrapy_proxy_shard.exceptions import PoolBackendError, PoolBusy, PoolUnreachable, UnknownPoolError
 
 logger = logging.getLogger(__name__)
@@ -270,6 +270,42 @@ def _ban_tuple(opts: BanOptions, base: float, jitter: float) -> tuple:
     return (_ms(base), _ms(max(opts.max_ttl, base)), repr(jitter), _ms(opts.strike_window))
 
 
+def _is_cluster(client: Any) -> bool:
+    import redis.asyncio.cluster
+    import redis.cluster
+
+    return isinstance(client, (redis.cluster.RedisCluster, redis.asyncio.cluster.RedisCluster))
+
+
+def _fcall_failed(exc: redis.ResponseError) -> str:
+    """What to do after an error reply to FCALL: "load" the library (the server does not have it: a new
+    server, a restart without persistence, FUNCTION FLUSH) or use "evalsha" from now on (Redis < 7.0,
+    a server or proxy without Functions, an ACL that refuses FCALL). Any other error is the
+    function's own reply, the caller's to see: raised again."""
+    text = str(exc)
+    if text.startswith("Function not found"):
+        return "load"
+    lowered = text.lower()
+    if isinstance(exc, redis.exceptions.NoPermissionError) or ("unknown command" in lowered and "fcall" in lowered):
+        logger.info("proxy_shard: Redis runs no Functions here (%(e)s): lease and release use EVALSHA", {"e": exc})
+        return "evalsha"
+    raise exc
+
+
+def _load_failed(exc: redis.ResponseError, library: FunctionLibrary) -> str:
+    """What to do after an error reply to FUNCTION LOAD: "fcall" (another client loaded the same
+    library first) or "evalsha" (the server will not load it: no Functions, an ACL, a Lua limit of a
+    Redis-compatible server). BUSY, LOADING and OOM are transient: raised again, for ``_call``."""
+    text = str(exc)
+    if "already exists" in text and library.name in text:
+        return "fcall"
+    if text.startswith(("BUSY", "OOM")) or isinstance(exc, redis.BusyLoadingError):
+        raise exc
+    logger.warning("proxy_shard: Redis refused to load the lease/release Functions (%(e)s); lease and release "
+                   "use EVALSHA", {"e": exc})
+    return "evalsha"
+
+
 class _StoreBase:
     """Plans shared by both stores. Subclasses supply ``_drive`` (sync or async)."""
 
@@ -289,6 +325,7 @@ class _StoreBase:
         on_busy_retry: Callable[[], None] | None = None,
         site_idle_ttl: float = 3600.0,
         breakers: BreakerOptions | Callable[[str], BreakerOptions | None] | None = None,
+        functions: bool = True,
     ) -> None:
         self.client = client
         self.namespace = keys.check_name("namespace", namespace)
@@ -298,6 +335,10 @@ class _StoreBase:
         self._random = random_source
         self._token = token_factory
         self._scripts = register_all(client)
+        #: The hot path's Redis Functions (``scripts.function_library``), or None: EVALSHA only. Off for
+        #: Cluster clients (redis-py asks the server for an FCALL's keys on every call) and after a
+        #: server showed it has no Functions or refused to load them (``_fcall_failed``, ``_load_failed``).
+        self._functions = function_library() if functions and not _is_cluster(client) else None
         self._where = mask(url_for_errors) if url_for_errors else _describe(client)
         #: Lease calls whose reply was lost (timeout, broken connection): token -> (pool prefix, site,
         #: session id). The script may have run, or may still run; ``abandon.lua`` settles each at the
@@ -1084,6 +1125,25 @@ class PoolStore(_StoreBase):
             # lost the script (restart, SCRIPT FLUSH) gets it loaded again, as Script does.
             script, names = self._scripts[request.name], request.keys
             send = self._direct.execute if self._direct is not None else self._generic
+            library = self._functions
+            if library is not None and request.name in library.functions:
+                # FCALL of the hot path's function; a server without the library gets it loaded (once),
+                # one without Functions turns them off for this store (EVALSHA below from then on).
+                fcall = ("FCALL", library.functions[request.name], len(names), *names, *request.args)
+                try:
+                    return send(fcall)
+                except redis.ResponseError as exc:
+                    step = _fcall_failed(exc)
+                if step == "load":
+                    try:
+                        self.client.execute_command("FUNCTION", "LOAD", library.source)
+                    except redis.ResponseError as exc:
+                        step = _load_failed(exc, library)
+                    else:
+                        step = "fcall"
+                if step == "fcall":
+                    return send(fcall)
+                self._functions = None
             try:
                 return send(("EVALSHA", script.sha, len(names), *names, *request.args))
             except redis.exceptions.NoScriptError:
@@ -1246,9 +1306,26 @@ class AsyncPoolStore(_StoreBase, PoolBackend):
         return out
 
     async def _execute(self, request: Any) -> Any:
-        if type(request) is _Script:  # EVALSHA straight away, loading a lost script again (PoolStore's)
+        if type(request) is _Script:  # FCALL or EVALSHA straight away, as PoolStore's does
             script, names = self._scripts[request.name], request.keys
             send = self._pipe.execute if self._pipe is not None else self._generic
+            library = self._functions
+            if library is not None and request.name in library.functions:
+                fcall = ("FCALL", library.functions[request.name], len(names), *names, *request.args)
+                try:
+                    return await send(fcall)
+                except redis.ResponseError as exc:
+                    step = _fcall_failed(exc)
+                if step == "load":
+                    try:
+                        await self.client.execute_command("FUNCTION", "LOAD", library.source)
+                    except redis.ResponseError as exc:
+                        step = _load_failed(exc, library)
+                    else:
+                        step = "fcall"
+                if step == "fcall":
+                    return await send(fcall)
+                self._functions = None
             try:
                 return await send(("EVALSHA", script.sha, len(names), *names, *request.args))
             except redis.exceptions.NoScriptError:

@@ -32,7 +32,8 @@ def embedded_store(settings: ShardSettings) -> AsyncPoolStore:
 def store_kwargs(settings: ShardSettings) -> dict:
     return {"namespace": settings.namespace, "host_id": settings.host_id, "bans": settings.bans,
             "ewma_alpha": settings.latency_ewma_alpha, "site_idle_ttl": settings.site_idle_ttl,
-            "breakers": settings.breaker_for, "pipeline": settings.redis_pipeline}
+            "breakers": settings.breaker_for, "pipeline": settings.redis_pipeline,
+            "functions": settings.redis_functions}
 
 def settled_counter(stats):
     """Count lease calls whose reply was lost, by how Redis settled them (``abandon.lua``):
