@@ -8,7 +8,8 @@ the same split, so hosts still do not overlap; pacing, bans and sessions keep wo
 
 It probes Redis with exponential backoff. When Redis answers again it (1) reloads a pool that came
 back empty (a restart without persistence) from the snapshot, (2) writes the quarantines it learned
-into Redis, (3) *adopts* its local leases that are still in flight into Redis (``hold.lua``), and
+into Redis, (3) *adopts* its local leases that are still in flight into Redis (``hold.lua``, even
+onto a slot Redis says is resting; those issued while it reconciles too), and
 then keeps leasing locally, adopting each new lease too, for ``PROXY_SHARD_FALLBACK_GRACE`` seconds
 — long enough for every other host to notice Redis is back and adopt its own — before it uses Redis
 alone again. Requests in flight are neither lost nor duplicated: each lease is released to the engine
