@@ -250,3 +250,48 @@ def test_a_lease_in_flight_is_adopted_even_if_its_slot_came_back_resting(redis_b
         assert "proxy_shard/fallback/leases_not_adopted" not in values
     finally:
         server.stop()
+
+
+def test_a_local_lease_that_ends_its_call_after_the_grace_is_adopted_or_given_back(redis_binary):
+    """A lease call of the grace period awaits the local engine; meanwhile another call finds the
+    grace over and switches the host to Redis. The first call's local lease was then handed to its
+    request unadopted (only state "grace" adopted), and Redis handed the same slot to the next lease
+    of this very host: two requests through one IP on one site, both from this host."""
+    server = RedisServer(binary=redis_binary.path).start()
+    try:
+        PoolStore(redis.Redis.from_url(server.url, decode_responses=True)).add_proxies("default", PROXIES[:1])
+
+        async def scenario() -> tuple[object, object]:
+            store = _store(server.url, grace=30)
+            await _into_fallback(store, server)
+            server.start()  # empty, same port
+            await _until_grace(store)
+            assert store.state == "grace"
+            asking, go_on = asyncio.Event(), asyncio.Event()
+            real_lease = store.local.lease
+
+            async def slow_local_lease(*args, **kwargs):  # the local engine answers late (a busy loop)
+                asking.set()
+                await go_on.wait()
+                return await real_lease(*args, **kwargs)
+
+            store.local.lease = slow_local_lease
+            late = asyncio.ensure_future(store.lease("default", "a.example", ttl=30))
+            await asyncio.wait_for(asking.wait(), 5)
+            store._grace_until = store.clock()  # the grace ends while that call waits
+            store.local.lease = real_lease
+            from_redis = await store.lease("default", "a.example", ttl=30)  # switches to Redis
+            assert store.state == "redis" and isinstance(from_redis, Lease)
+            go_on.set()
+            answer = await late
+            if isinstance(answer, Lease):
+                await store.release(answer)
+            await store.release(from_redis)
+            await store.aclose()
+            return answer, from_redis
+
+        answer, from_redis = asyncio.run(scenario())
+        assert not (isinstance(answer, Lease) and answer.member == from_redis.member), \
+            f"one slot handed to two requests: {answer} (local) and {from_redis} (Redis)"
+    finally:
+        server.stop()

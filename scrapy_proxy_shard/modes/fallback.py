@@ -483,8 +483,11 @@ class FallbackPoolStore(PoolBackend):
                 return result
             self._local_leases[result.token] = result
             self._inc("leases")
-            if self.state != "grace":
+            if self.state == "fallback":
                 return result
+            # Redis answers again (the grace, or already past it: another call may have switched the
+            # host back to Redis while this one awaited the local engine): Redis must know the slot
+            # before a request gets it, or it hands the slot out again.
             try:
                 await self._adopt(result.token, result)
             except PoolBackendError:
