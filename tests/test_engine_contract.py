@@ -556,6 +556,59 @@ def test_hold_adopts_a_named_free_slot_only(store):
     assert store.hold(POOL, "a.example", "0000000000000000/0", ttl=5) is None
 
 
+def test_hold_in_flight_adopts_a_resting_slot_and_keeps_its_rest(store, clock):
+    """A local lease whose request already runs is adopted even while Redis says its slot rests
+    (paced, or quarantined on the site): refused, the request ran on and Redis handed the slot out
+    again once the rest ended. Adopting it shortens no rest."""
+    store.add_proxies(POOL, URLS[:1])
+    paced = lease_ok(store)
+    store.release(paced, min_interval=0.3)
+    assert isinstance(store.hold(POOL, "a.example", paced.member, ttl=5), LeaseWait)  # not in flight: refused
+    held = store.hold(POOL, "a.example", paced.member, ttl=5, in_flight=True)
+    assert isinstance(held, Lease) and held.member == paced.member
+    clock.sleep(0.35)  # the pacing is over, the adopted request is not
+    assert isinstance(store.lease(POOL, "a.example", ttl=5), LeaseWait)
+    assert store.release(held).status == "ok"
+    assert lease_ok(store).member == paced.member
+    banned = lease_ok(store, "b.example")
+    assert store.release(banned, outcome="ban", reason="http_403").ban_until
+    held = store.hold(POOL, "b.example", banned.member, ttl=5, in_flight=True)
+    assert isinstance(held, Lease)
+    assert store.release(held).status == "ok"  # released early: the slot still waits for the quarantine
+    assert isinstance(store.lease(POOL, "b.example", ttl=5), LeaseWait)
+
+
+def test_hold_in_flight_refuses_a_slot_another_lease_holds_and_keeps_it_for_its_ttl(store, clock):
+    """Another live lease holds the slot (the overlap happened during the outage): BUSY, and the slot
+    is kept from everyone else until the lease in flight runs out, even if that other lease expires."""
+    store.add_proxies(POOL, URLS[:1])
+    other = lease_ok(store, ttl=0.2)
+    answer = store.hold(POOL, "a.example", other.member, ttl=5, in_flight=True)
+    assert isinstance(answer, LeaseWait) and answer.reason == "held" and answer.wait <= 0.2
+    clock.sleep(0.3)  # the other lease ran out unreleased; the request in flight still runs
+    wait = store.lease(POOL, "a.example", ttl=5)
+    assert isinstance(wait, LeaseWait) and wait.wait > 4.0
+    assert store.hold(POOL, "a.example", "0000000000000000/0", ttl=5, in_flight=True) is None
+
+
+def test_hold_checks_its_in_flight_flag_before_writing(store, backend):
+    from scrapy_proxy_shard.engine.keyset import script_keys
+    from scrapy_proxy_shard.engine.scripts import register_all
+
+    store.add_proxies(POOL, URLS[:1])
+    member = f"{store.list_proxies(POOL)[0].id}/0"
+    names = script_keys("hold", store.prefix(POOL), "a.example", token="t1")
+    args = ["a.example", member, 1, 5000, "t1", "host-a", 3600000, "2"]
+    import redis
+
+    with pytest.raises(redis.ResponseError, match="in flight flag"):
+        register_all(backend)["hold"](keys=names, args=args)
+    assert not backend.exists("{t:main}:site:a.example")  # nothing written
+    args[-1] = "1"
+    assert register_all(backend)["hold"](keys=names, args=args)[0] == "OK"
+    assert backend.exists("{t:main}:site:a.example")
+
+
 def test_a_large_pool_is_built_per_site_in_pages_yet_every_proxy_is_leasable(store, backend):
     """The first lease on a site must not scan the whole pool in one call (that blocks Redis for
     seconds at a million proxies); the build advances a page per call and misses nobody."""

@@ -136,3 +136,162 @@ def test_a_stalled_redis_is_waited_out_not_fallen_back_from(redis_binary):
         assert state == "fallback" and any(isinstance(a, Lease) for a in answers)
     finally:
         server.stop()
+
+
+class _Stats:
+    def __init__(self) -> None:
+        self.values: dict[str, float] = {}
+
+    def inc_value(self, key: str, count: float = 1) -> None:
+        self.values[key] = self.values.get(key, 0) + count
+
+
+async def _into_fallback(store: FallbackPoolStore, server: RedisServer) -> None:
+    """Snapshot taken from Redis, then Redis killed and the store switched to its local slice."""
+    await store.release(await store.lease("default", "a.example", ttl=30))  # takes the snapshot
+    server.kill()
+    entered = await store.lease("default", "a.example", ttl=30)
+    assert store.state == "fallback" and isinstance(entered, Lease)
+    await store.release(entered)
+
+
+async def _until_grace(store: FallbackPoolStore) -> None:
+    for _ in range(300):
+        if store.state != "fallback":
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the probe never reconciled")
+
+
+def test_a_lease_taken_while_the_probe_reconciles_is_adopted_before_grace(redis_binary):
+    """The probe adopts the local leases in flight one round trip at a time while the store still says
+    "fallback", so requests keep getting local leases meanwhile. One taken after the probe listed the
+    leases to adopt was never adopted: once this host left its grace, Redis did not know that slot was
+    in flight and handed it out again (CI's fault test saw a host overlap itself)."""
+    server = RedisServer(binary=redis_binary.path).start()
+    try:
+        PoolStore(redis.Redis.from_url(server.url, decode_responses=True)).add_proxies("default", PROXIES[:2])
+
+        async def scenario() -> tuple[list, dict]:
+            stats = _Stats()
+            store = _store(server.url, grace=30)
+            store.stats = stats
+            await _into_fallback(store, server)
+            first = await store.lease("default", "a.example", ttl=30)
+            assert isinstance(first, Lease)
+            adopting, go_on = asyncio.Event(), asyncio.Event()
+            real_hold = store.primary.hold
+
+            async def slow_hold(*args, **kwargs):  # the adoption round trip takes a while (a loaded machine)
+                adopting.set()
+                await go_on.wait()
+                return await real_hold(*args, **kwargs)
+
+            store.primary.hold = slow_hold
+            server.start()  # empty, same port
+            await asyncio.wait_for(adopting.wait(), 15)
+            second = await store.lease("default", "a.example", ttl=30)  # mid-reconcile: still local
+            assert isinstance(second, Lease) and store.state == "fallback"
+            go_on.set()
+            await _until_grace(store)
+            other = PoolStore(redis.Redis.from_url(server.url, decode_responses=True), host_id="host-b")
+            answers = [other.lease("default", "a.example", ttl=30) for _ in range(2)]  # both slots in flight
+            await store.release(first)
+            await store.release(second)
+            await store.aclose()
+            return answers, stats.values
+
+        answers, values = asyncio.run(scenario())
+        assert all(isinstance(a, LeaseWait) for a in answers), f"Redis handed out a slot in flight: {answers}"
+        assert values.get("proxy_shard/fallback/leases_adopted") == 2, values
+    finally:
+        server.stop()
+
+
+def test_a_lease_in_flight_is_adopted_even_if_its_slot_came_back_resting(redis_binary):
+    """Another host reloads the lost pool first, its proxies resting PROXY_SHARD_FALLBACK_WARMUP (a
+    proxy-wide quarantine): hold.lua refused to adopt this host's local lease in flight (counted
+    leases_not_adopted), the request ran on, and once the rest ended Redis handed its slot out again."""
+    server = RedisServer(binary=redis_binary.path).start()
+    try:
+        PoolStore(redis.Redis.from_url(server.url, decode_responses=True)).add_proxies("default", PROXIES[:1])
+
+        async def scenario() -> tuple[object, object, dict]:
+            stats = _Stats()
+            store = _store(server.url, grace=30)
+            store.stats = stats
+            await _into_fallback(store, server)
+            in_flight = await store.lease("default", "a.example", ttl=30)
+            assert isinstance(in_flight, Lease)
+            other = PoolStore(redis.Redis.from_url(server.url, decode_responses=True), host_id="host-b")
+            real_ping = store.primary.ping
+
+            async def ping_after_another_host_restored():  # the other host saw Redis back first
+                answer = await real_ping()
+                other.restore_pool("default", PROXIES[:1], warmup=0.5)  # as its runtime does
+                return answer
+
+            store.primary.ping = ping_after_another_host_restored
+            server.start()  # empty, same port
+            await _until_grace(store)
+            while isinstance(rest := other.lease("default", "b.example", ttl=1), LeaseWait):
+                await asyncio.sleep(rest.wait)  # the rest is proxy-wide: over when another site gets it
+            other.release(rest)
+            answer = other.lease("default", "a.example", ttl=30)  # the rest is over, the request is not
+            await store.release(in_flight)
+            after = other.lease("default", "a.example", ttl=30)  # released: the slot is Redis's again
+            await store.aclose()
+            return answer, after, stats.values
+
+        answer, after, values = asyncio.run(scenario())
+        assert isinstance(answer, LeaseWait), f"Redis handed out a slot in flight: {answer}"
+        assert isinstance(after, Lease)
+        assert values.get("proxy_shard/fallback/leases_adopted") == 1, values
+        assert "proxy_shard/fallback/leases_not_adopted" not in values
+    finally:
+        server.stop()
+
+
+def test_a_local_lease_that_ends_its_call_after_the_grace_is_adopted_or_given_back(redis_binary):
+    """A lease call of the grace period awaits the local engine; meanwhile another call finds the
+    grace over and switches the host to Redis. The first call's local lease was then handed to its
+    request unadopted (only state "grace" adopted), and Redis handed the same slot to the next lease
+    of this very host: two requests through one IP on one site, both from this host."""
+    server = RedisServer(binary=redis_binary.path).start()
+    try:
+        PoolStore(redis.Redis.from_url(server.url, decode_responses=True)).add_proxies("default", PROXIES[:1])
+
+        async def scenario() -> tuple[object, object]:
+            store = _store(server.url, grace=30)
+            await _into_fallback(store, server)
+            server.start()  # empty, same port
+            await _until_grace(store)
+            assert store.state == "grace"
+            asking, go_on = asyncio.Event(), asyncio.Event()
+            real_lease = store.local.lease
+
+            async def slow_local_lease(*args, **kwargs):  # the local engine answers late (a busy loop)
+                asking.set()
+                await go_on.wait()
+                return await real_lease(*args, **kwargs)
+
+            store.local.lease = slow_local_lease
+            late = asyncio.ensure_future(store.lease("default", "a.example", ttl=30))
+            await asyncio.wait_for(asking.wait(), 5)
+            store._grace_until = store.clock()  # the grace ends while that call waits
+            store.local.lease = real_lease
+            from_redis = await store.lease("default", "a.example", ttl=30)  # switches to Redis
+            assert store.state == "redis" and isinstance(from_redis, Lease)
+            go_on.set()
+            answer = await late
+            if isinstance(answer, Lease):
+                await store.release(answer)
+            await store.release(from_redis)
+            await store.aclose()
+            return answer, from_redis
+
+        answer, from_redis = asyncio.run(scenario())
+        assert not (isinstance(answer, Lease) and answer.member == from_redis.member), \
+            f"one slot handed to two requests: {answer} (local) and {from_redis} (Redis)"
+    finally:
+        server.stop()

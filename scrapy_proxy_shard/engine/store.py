@@ -589,18 +589,23 @@ class _StoreBase:
         return BreakerState(site, raw["st"], n.get("until", 0) / 1000, n.get("cool", 0) / 1000, n.get("used", 0),
                             n.get("probes", 0), bool(raw.get("ptok")), n.get("since", 0) / 1000, n.get("trips", 0))
 
-    def hold(self, pool: str, site: str, member: str, *, ttl: float, concurrency: int = 1):
+    def hold(self, pool: str, site: str, member: str, *, ttl: float, concurrency: int = 1,
+             in_flight: bool = False):
         """Take the named slot if it is free (adopting a lease made while Redis was unreachable).
 
         Returns a ``Lease`` (with a fresh token), a
         ``LeaseWait`` with reason ``held`` when the slot is busy, or None when there is no such slot.
+        ``in_flight``: the lease's request already runs, so the slot is taken even while it is cooling
+        or quarantined (it becomes ready no sooner); busy then means another live lease or session
+        holds it, and the slot is kept from everyone else for ``ttl`` at least (see hold.lua).
         """
-        return self._drive(self._hold(pool, site, member, ttl, concurrency))
+        return self._drive(self._hold(pool, site, member, ttl, concurrency, in_flight))
 
-    def _hold(self, pool, site, member, ttl, concurrency) -> Plan:
+    def _hold(self, pool, site, member, ttl, concurrency, in_flight=False) -> Plan:
         token = self._token()
         request = _Script("hold", keyset.script_keys("hold", self.prefix(pool), site, token=token), (
             site, member, int(concurrency), _ms(ttl), token, self.host_id, self.site_idle_ms,
+            "1" if in_flight else "0",
         ))
         reply = yield request
         if reply[0] == "MIGRATE":

@@ -8,7 +8,8 @@ the same split, so hosts still do not overlap; pacing, bans and sessions keep wo
 
 It probes Redis with exponential backoff. When Redis answers again it (1) reloads a pool that came
 back empty (a restart without persistence) from the snapshot, (2) writes the quarantines it learned
-into Redis, (3) *adopts* its local leases that are still in flight into Redis (``hold.lua``), and
+into Redis, (3) *adopts* its local leases that are still in flight into Redis (``hold.lua``, even
+onto a slot Redis says is resting; those issued while it reconciles too), and
 then keeps leasing locally, adopting each new lease too, for ``PROXY_SHARD_FALLBACK_GRACE`` seconds
 — long enough for every other host to notice Redis is back and adopt its own — before it uses Redis
 alone again. Requests in flight are neither lost nor duplicated: each lease is released to the engine
@@ -399,6 +400,8 @@ class FallbackPoolStore(PoolBackend):
                 logger.warning("proxy_shard: Redis answered but reconciling failed (%(e)s); retrying", {"e": exc})
                 delay = min(PROBE_MIN, limit)
                 continue
+            # No await between _reconcile's last look at the local leases and this switch: a lease
+            # issued from here on is adopted by _local_lease (state "grace") before a request gets it.
             self.state = "grace"
             self._grace_until = self.clock() + self.settings.fallback_grace
             logger.warning("proxy_shard: Redis answers again after %(s).1fs; back to the shared pool in %(g)gs",
@@ -407,7 +410,11 @@ class FallbackPoolStore(PoolBackend):
                 self._leave_fallback()
 
     async def _reconcile(self) -> None:
-        """Restore an emptied pool, write learned quarantines, adopt local leases in flight."""
+        """Restore an emptied pool, write learned quarantines, adopt local leases in flight.
+
+        Requests keep getting local leases while this awaits Redis (the state is still "fallback"), so
+        the leases in flight are looked at again until none is left that was not tried; it returns
+        right after that last look, and the caller switches to "grace" before anything else runs."""
         local = self._ensure_local()
         for pool, proxies in self.snapshot.proxies.items():
             if proxies and await self.primary.pool_size(pool) == 0:
@@ -418,17 +425,28 @@ class FallbackPoolStore(PoolBackend):
                                "running quarantines from the snapshot",
                                {"pool": pool, "n": len(proxies), "b": replayed})
             self._inc("bans_replayed", await replay_bans(self.primary, pool, await local.bans(pool)))
-        for token, lease in list(self._local_leases.items()):
-            await self._adopt(token, lease)
+        tried: set[str] = set()
+        while True:
+            pending = [(t, lease) for t, lease in self._local_leases.items() if t not in tried]
+            if not pending:
+                return
+            for token, lease in pending:
+                tried.add(token)
+                await self._adopt(token, lease, in_flight=True)
 
-    async def _adopt(self, token: str, lease: Lease) -> None:
+    async def _adopt(self, token: str, lease: Lease, *, in_flight: bool = False) -> None:
+        """Hold ``lease``'s slot in Redis. ``in_flight``: its request already runs, so the slot is
+        taken even while Redis says it is cooling or quarantined; only another live holder refuses it
+        (an overlap that happened during the outage: counted ``leases_overlapped``; hold.lua keeps the
+        slot from everyone else for the lease's TTL unless that holder releases it first)."""
         if token in self._adopted or token not in self._local_leases:  # adopted, or already released
             return
         concurrency = self._site_concurrency.get((lease.pool, lease.site), 1)
         ttl = max(1.0, lease.expires_at - time.time())
-        held = await self.primary.hold(lease.pool, lease.site, lease.member, ttl=ttl, concurrency=concurrency)
+        held = await self.primary.hold(lease.pool, lease.site, lease.member, ttl=ttl, concurrency=concurrency,
+                                       in_flight=in_flight)
         if not isinstance(held, Lease):
-            self._inc("leases_not_adopted")
+            self._inc("leases_overlapped" if in_flight and held is not None else "leases_not_adopted")
         elif token not in self._local_leases:
             # The request ended while hold() ran: release() found nothing adopted to give back, and
             # nobody else would ever release this Redis lease (its slot stayed held for the TTL).
@@ -465,8 +483,11 @@ class FallbackPoolStore(PoolBackend):
                 return result
             self._local_leases[result.token] = result
             self._inc("leases")
-            if self.state != "grace":
+            if self.state == "fallback":
                 return result
+            # Redis answers again (the grace, or already past it: another call may have switched the
+            # host back to Redis while this one awaited the local engine): Redis must know the slot
+            # before a request gets it, or it hands the slot out again.
             try:
                 await self._adopt(result.token, result)
             except PoolBackendError:

@@ -1,13 +1,20 @@
 -- hold.lua: take one named slot if it is free: adopt, into Redis, a lease that was made by a host's
 -- local fallback engine while Redis was unreachable, so no other host is handed that slot.
+-- Two modes (ARGV[8]): "0", a lease not yet handed to a request: taken only if the slot is free now;
+-- "1", a lease already in flight (its request runs whatever Redis says): taken unless another live
+-- held record has it, even while the slot is cooling or quarantined (the slot is then ready no sooner
+-- than before, and the release paces it as any other); if another live record has it (the overlap
+-- happened during the outage), the slot's ready score is pushed to at least now + TTL (GT) and the
+-- answer is BUSY: nobody else is handed it before then unless that holder releases it earlier.
 -- KEYS: memo proxies meta order bans pstats hstats siteidx site ready
 --        (roles in order, see engine/keyset.py: memo = P:done:hold:<token>, per-site keys of ARGV[1])
 -- ARGV[1]  site    ARGV[2]  member "<id>/<k>"    ARGV[3]  concurrency (slots per proxy, if the
 --          site is new)    ARGV[4]  TTL, ms    ARGV[5]  token    ARGV[6]  host id
--- ARGV[7]  site idle TTL, ms (see lease.lua)
+-- ARGV[7]  site idle TTL, ms (see lease.lua)    ARGV[8]  "1": the lease is in flight (see above), else "0"
 -- Replies:
 --   {"OK", expires_ms, now_ms, url}  the slot is now held with this token (url: the proxy's URL)
---   {"BUSY", wait_ms}           the slot is held, cooling or quarantined in Redis
+--   {"BUSY", wait_ms}           the slot is held, cooling or quarantined in Redis (in flight: held by
+--                               another live record only; wait_ms until that record runs out)
 --   {"UNKNOWN"}                 no such slot (proxy not in the pool, or site built with fewer slots)
 --   {"MIGRATE"}                 the pool was written by an older version: PoolStore.migrate first
 -- Arguments are checked before the first write; a repeated call with the same token answers the
@@ -15,7 +22,7 @@
 
 local bad = arg_str(1, 'site') or arg_str(2, 'member') or arg_str(5, 'token') or arg_str(6, 'host')
   or arg_int(3, 'concurrency', 1, MAX_CONCURRENCY) or arg_int(4, 'ttl ms', 1, MAX_MS)
-  or arg_int(7, 'site idle ttl ms', 1000, MAX_MS)
+  or arg_int(7, 'site idle ttl ms', 1000, MAX_MS) or arg_int(8, 'in flight flag', 0, 1)
 if bad then return redis.error_reply(bad) end
 local earlier = recall(K_MEMO)
 if earlier then
@@ -47,11 +54,20 @@ if not score then
   redis.call('ZADD', ready, 'NX', score, member)
 end
 score = tonumber(score)
-if score > now then
+local ready_at = now + ttl
+if ARGV[8] == '1' then
+  local other = live_record(redis.call('HGET', K_SITE, member), now)
+  if other then
+    redis.call('ZADD', ready, 'GT', ready_at, member)
+    touch_site(site, ready_at, idle, now)
+    return {'BUSY', held_until(other) - now}
+  end
+  if score > ready_at then ready_at = score end
+elseif score > now then
   touch_site(site, now, idle, now)
   return {'BUSY', score - now}
 end
-redis.call('ZADD', ready, now + ttl, member)
+redis.call('ZADD', ready, ready_at, member)
 redis.call('HSET', K_SITE, member, held_record(token, host, now, now + ttl, ''))
 touch_site(site, now + ttl, idle, now)
 redis.call('HINCRBY', K_PSTATS, id_of(member) .. ':l', 1)
