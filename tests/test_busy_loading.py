@@ -154,7 +154,7 @@ def free_slots(url: str) -> int:
 
 class LoadingProxy:
     """A TCP proxy to a real Redis speaking RESP2, answering ``-LOADING`` to the next ``arm(n)`` script
-    calls (EVAL/EVALSHA) instead of passing them on. Runs its own event loop in a thread."""
+    calls (EVAL/EVALSHA/FCALL) instead of passing them on. Runs its own event loop in a thread."""
 
     LOADING = b"-LOADING Redis is loading the dataset in memory\r\n"
 
@@ -198,7 +198,7 @@ class LoadingProxy:
                 if raw is None:
                     return
                 name = args[0].upper() if args else b""
-                if self.loading_left > 0 and name in (b"EVAL", b"EVALSHA"):
+                if self.loading_left > 0 and name in (b"EVAL", b"EVALSHA", b"FCALL"):
                     self.loading_left -= 1
                     self.answered_loading += 1
                     writer.write(self.LOADING)

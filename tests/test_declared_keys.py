@@ -20,7 +20,7 @@ import redis
 
 from scrapy_proxy_shard.engine import schema
 from scrapy_proxy_shard.engine.breaker import BreakerOptions
-from scrapy_proxy_shard.engine.scripts import OPERATIONS, script_source
+from scrapy_proxy_shard.engine.scripts import OPERATIONS, function_library, script_source
 from scrapy_proxy_shard.engine.store import Lease, LeaseWait, PoolStore
 
 POOL = "main"
@@ -83,16 +83,17 @@ class Monitor:
 
 
 def _calls(lines: list[str]) -> list[tuple[str, list[str], list[list[str]]]]:
-    """(script name, declared keys, commands the script ran) per EVALSHA/EVAL, in order."""
+    """(script name, declared keys, commands the script ran) per EVALSHA/EVAL/FCALL, in order."""
     by_sha = {hashlib.sha1(script_source(name).encode()).hexdigest(): name for name in OPERATIONS}
+    by_sha.update({function: op for op, function in function_library().functions.items()})
     calls: list[tuple[str, list[str], list[list[str]]]] = []
     for line in lines:
         source, args = _parse(line)
         if source == "lua":
             assert calls, f"a script command before any script call: {args}"
             calls[-1][2].append(args)
-        elif args and args[0].upper() in ("EVALSHA", "EVAL", "EVALSHA_RO", "EVAL_RO"):
-            name = by_sha.get(args[1].lower(), "?") if args[0].upper().startswith("EVALSHA") else "eval"
+        elif args and args[0].upper() in ("EVALSHA", "EVAL", "EVALSHA_RO", "EVAL_RO", "FCALL", "FCALL_RO"):
+            name = by_sha.get(args[1].lower(), "?") if args[0].upper().startswith(("EVALSHA", "FCALL")) else "eval"
             calls.append((name, args[3:3 + int(args[2])], []))
     return calls
 
