@@ -556,6 +556,22 @@ def test_hold_adopts_a_named_free_slot_only(store):
     assert store.hold(POOL, "a.example", "0000000000000000/0", ttl=5) is None
 
 
+def test_hold_refuses_a_learnt_slot_whose_proxy_is_quarantined_proxy_wide(store):
+    """A proxy-wide quarantine is not written into every site's ready set (a lease checks it where it
+    picks the proxy), so hold must check it too: a grace-period local lease must not be adopted onto
+    a proxy another host quarantined for every site. A lease in flight is still adopted (it runs)."""
+    store.add_proxies(POOL, URLS[:2])
+    first = lease_ok(store)
+    store.release(first)  # the site has learnt both proxies; this slot is free
+    store.ban(POOL, first.proxy_id, reason="dead")
+    answer = store.hold(POOL, "a.example", first.member, ttl=5)
+    assert isinstance(answer, LeaseWait) and answer.wait > 0.2  # the quarantine's length (FAST_BANS: 0.3 s)
+    held = store.hold(POOL, "a.example", first.member, ttl=5, in_flight=True)
+    assert isinstance(held, Lease)
+    assert store.release(held).status == "ok"
+    assert lease_ok(store).proxy_id != first.proxy_id  # the quarantine still holds for leases
+
+
 def test_hold_in_flight_adopts_a_resting_slot_and_keeps_its_rest(store, clock):
     """A local lease whose request already runs is adopted even while Redis says its slot rests
     (paced, or quarantined on the site): refused, the request ran on and Redis handed the slot out

@@ -1,6 +1,7 @@
 -- hold.lua: take one named slot if it is free: adopt, into Redis, a lease that was made by a host's
 -- local fallback engine while Redis was unreachable, so no other host is handed that slot.
--- Two modes (ARGV[8]): "0", a lease not yet handed to a request: taken only if the slot is free now;
+-- Two modes (ARGV[8]): "0", a lease not yet handed to a request: taken only if the slot is free now
+-- (its ready score has passed and its proxy is not quarantined, on the site or proxy-wide);
 -- "1", a lease already in flight (its request runs whatever Redis says): taken unless another live
 -- held record has it, even while the slot is cooling or quarantined (the slot is then ready no sooner
 -- than before, and the release paces it as any other); if another live record has it (the overlap
@@ -63,9 +64,15 @@ if ARGV[8] == '1' then
     return {'BUSY', held_until(other) - now}
   end
   if score > ready_at then ready_at = score end
-elseif score > now then
-  touch_site(site, now, idle, now)
-  return {'BUSY', score - now}
+else
+  -- A proxy-wide quarantine is not in the site's ready score (a lease checks it where it picks the
+  -- proxy): a lease not yet handed to a request waits for it too.
+  local free_at = score
+  if free_at <= now then free_at = blocked_until(site, id_of(member)) end
+  if free_at > now then
+    touch_site(site, now, idle, now)
+    return {'BUSY', free_at - now}
+  end
 end
 redis.call('ZADD', ready, ready_at, member)
 redis.call('HSET', K_SITE, member, held_record(token, host, now, now + ttl, ''))
