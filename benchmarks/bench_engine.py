@@ -486,6 +486,28 @@ def measure_calls(admin: redis.Redis, store: PoolStore, setups: dict[int, PoolSe
     return costs, trivial, reference, by_evalsha
 
 
+def embedded_cycle_us(rounds: int = 5, cycles: int = 200) -> tuple[float, float]:
+    """Median us per lease+release on fakeredis (the embedded engine), by EVALSHA and by FCALL."""
+    import fakeredis
+
+    stores = {}
+    for functions in (False, True):
+        client = fakeredis.FakeRedis(server=fakeredis.FakeServer(), decode_responses=True)
+        store = PoolStore(client, namespace=NAMESPACE, host_id="bench-embedded", functions=functions)
+        store.add_proxies("embedded", proxy_urls(50))
+        for _ in range(20):  # loads the scripts / the library
+            store.release(store.lease("embedded", "solo", ttl=LEASE_TTL))
+        stores[functions] = store
+    times: dict[bool, list[float]] = {False: [], True: []}
+    for _ in range(rounds):
+        for functions, store in stores.items():
+            began = time.perf_counter()
+            for _ in range(cycles):
+                store.release(store.lease("embedded", "solo", ttl=LEASE_TTL), outcome="ok", min_interval=0.0)
+            times[functions].append((time.perf_counter() - began) / cycles * 1e6)
+    return statistics.median(times[False]), statistics.median(times[True])
+
+
 # --- report ---------------------------------------------------------------------------------------
 
 def cycle_usec(pair: tuple[CallCost, CallCost]) -> list[float]:
@@ -816,6 +838,12 @@ def main(argv: list[str] | None = None) -> int:
     print(table(["check", "value", "target", ""],
                 [[f"B/proxy (pool + 1 site) @ {n0(large)} / @ {n0(base)}", f"{value:.2f}", f"<= {MEMORY_TARGET}",
                   verdict(ok)]]))
+
+    print("\nThe embedded engine (fakeredis, also the fallback's local slice): lease+release by EVALSHA and by FCALL,"
+          "\n  interleaved rounds of 200 cycles on 50 proxies, median us per cycle (information, no target)")
+    evalsha_us, fcall_us = embedded_cycle_us()
+    print(table(["EVALSHA us", "FCALL us", "FCALL / EVALSHA"],
+                [[f"{evalsha_us:.0f}", f"{fcall_us:.0f}", f"{fcall_us / evalsha_us:.2f}"]]))
 
     print(f"\n{'all targets met' if not misses else f'{misses} target(s) missed'}")
     return 1 if misses else 0  # a missed target fails the run (CI and scripts see it)
