@@ -100,17 +100,22 @@ def test_lease_and_release_go_by_fcall_where_redis_has_functions(real_redis, red
         assert store._functions is None
 
 
-def test_a_server_that_lost_the_functions_loads_them_again(fn_redis):
+def test_a_server_that_lost_the_functions_loads_them_again(fn_redis, caplog):
     store = PoolStore(fn_redis, namespace="t", host_id="h")
     store.add_proxies(POOL, URLS)
-    before = _calls(fn_redis)["evalsha"]
-    lease = store.lease(POOL, "a.example", ttl=5)
-    fn_redis.function_flush()  # between a lease and its release
-    assert store.release(lease, outcome="ok").status == "ok"
-    fn_redis.function_flush()
-    assert _cycle(store) == "ok"
+    before = _calls(fn_redis)
+    with caplog.at_level(logging.INFO, logger=store_module.__name__):
+        lease = store.lease(POOL, "a.example", ttl=5)
+        fn_redis.function_flush()  # between a lease and its release
+        assert store.release(lease, outcome="ok").status == "ok"
+        fn_redis.function_flush()
+        assert _cycle(store) == "ok"
+    after = _calls(fn_redis)
     assert store._functions is not None
-    assert _calls(fn_redis)["evalsha"] == before
+    assert after["evalsha"] == before["evalsha"]
+    assert after["function|load"] - before["function|load"] == 3  # at first use, then after each flush
+    loaded = [r.getMessage() for r in caplog.records if "loaded the lease/release Functions" in r.getMessage()]
+    assert len(loaded) == 3 and function_library().name in loaded[0]
 
 
 def test_a_library_another_host_loaded_first_is_used(fn_redis):

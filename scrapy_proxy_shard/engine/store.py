@@ -292,6 +292,13 @@ def _fcall_failed(exc: redis.ResponseError) -> str:
     raise exc
 
 
+def _loaded(library: FunctionLibrary, where: str) -> str:
+    """FUNCTION LOAD succeeded: say so once (an operator sees the library in FUNCTION LIST)."""
+    logger.info("proxy_shard: loaded the lease/release Functions library %(name)s into Redis at %(where)s",
+                {"name": library.name, "where": where})
+    return "fcall"
+
+
 def _load_failed(exc: redis.ResponseError, library: FunctionLibrary) -> str:
     """What to do after an error reply to FUNCTION LOAD: "fcall" (another client loaded the same
     library first) or "evalsha" (the server will not load it: no Functions, an ACL, a Lua limit of a
@@ -1145,7 +1152,7 @@ class PoolStore(_StoreBase):
                     except redis.ResponseError as exc:
                         step = _load_failed(exc, library)
                     else:
-                        step = "fcall"
+                        step = _loaded(library, self._where)
                 if step == "fcall":
                     return send(fcall)
                 self._functions = None
@@ -1327,7 +1334,7 @@ class AsyncPoolStore(_StoreBase, PoolBackend):
                     except redis.ResponseError as exc:
                         step = _load_failed(exc, library)
                     else:
-                        step = "fcall"
+                        step = _loaded(library, self._where)
                 if step == "fcall":
                     return await send(fcall)
                 self._functions = None
