@@ -217,3 +217,13 @@ def test_the_asyncio_store_loads_lost_functions_and_falls_back(redis_server, red
     assert functions_on == _has_functions(redis_binary)
     if _has_functions(redis_binary):
         assert stats["cmdstat_function|load"]["calls"] >= 2
+
+
+@pytest.mark.parametrize(("value", "on"), [(True, True), (False, False), ("False", False)])
+def test_the_setting_reaches_the_crawls_store(value, on):
+    from scrapy_proxy_shard.modes.factory import build_store
+    from scrapy_proxy_shard.settings import ShardSettings
+
+    settings = ShardSettings.from_settings({"PROXY_SHARD_REDIS_URL": "redis://127.0.0.1:1/0",
+                                            "PROXY_SHARD_FALLBACK": False, "PROXY_SHARD_REDIS_FUNCTIONS": value})
+    assert (build_store(settings)._functions is not None) is on  # built without connecting
