@@ -18,7 +18,10 @@ class Clock:
     def __init__(self, controlled: bool) -> None:
         self.controlled = controlled
         self.slack = 0.0  # real time calls took on a real server (test_engine_contract._wait_after)
-        self._now = time.time()
+        # Half a millisecond past a whole second: the scripts floor TIME to whole ms, and a clock on
+        # a ms boundary could read 1 ms short after float sums (N + 0.305 stored as N + 0.30499999...),
+        # which made an exact-wait assertion fail on some start times. Sleeps are whole ms in the tests.
+        self._now = int(time.time()) + 0.0005
 
     def time(self) -> float:
         return self._now if self.controlled else time.time()
