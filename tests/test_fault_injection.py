@@ -8,8 +8,8 @@ request that escapes the proxies to the site, from 127.0.0.1; proxies egress fro
 overlaps (two requests in flight at once from one IP on one site). Plus one ledger check between
 Redis and the hosts, defined in :class:`Fault.lease_check`.
 
-Each fault is one crawl, triggered once the site has served ``TRIGGER`` pages, so a failure names
-its fault. A compact summary per fault is printed (``-s``) and is the assertion message.
+Each fault is one crawl, triggered once the site has served ``TRIGGER`` pages and every host has
+leased, so a failure names its fault. A compact summary per fault is printed (``-s``) and is the assertion message.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from scrapy_proxy_shard.engine.store import PoolStore
 pytestmark = pytest.mark.slow
 
 POOLS = ("datacenter", "residential")
+HOSTS = 3
 SITES = ("shop-a.test", "shop-b.test", "market.test")
 PAGES = 80  # per site: 240 catalog pages over 3 hosts
 #: 4 residential + 16 datacenter (one dead, one slow). With 8 datacenter proxies, one host in ~25 runs
@@ -98,7 +99,7 @@ class Fault:
 
     # --- the run's Injector interface ------------------------------------------------------------
     def tick(self, server: RedisServer, elapsed: float, served: int) -> None:
-        if self.injected_at is None and served >= self.trigger:
+        if self.injected_at is None and served >= self.trigger and self._every_host_leased(server):
             self.injected_at = elapsed
             self.inject(server)
         elif self.injected_at is not None:
@@ -110,6 +111,19 @@ class Fault:
             self.final_epoch = _site_lease_total(client)
         finally:
             client.close()
+
+    def _every_host_leased(self, server: RedisServer) -> bool:
+        """Every host has taken a lease from Redis, so it has started: a host slow to start (a loaded
+        CI machine) would otherwise meet the fault at its start and stop there by design ("cannot
+        start: cannot reach Redis"), which is not what these tests are about."""
+        client = _client(server)
+        try:
+            hosts = {name.rsplit(":", 1)[0] for pool in POOLS
+                     for name, count in client.hgetall(f"{{{NAMESPACE}:{pool}}}:hstats").items()
+                     if name.endswith(":l") and int(count) > 0}
+        finally:
+            client.close()
+        return len(hosts) >= HOSTS
 
     # --- what each fault does ----------------------------------------------------------------------
     def inject(self, server: RedisServer) -> None:
@@ -238,7 +252,7 @@ class DrainReadd(Fault):
 
 
 def _crawl(fault: Fault | None, tmp_path, **overrides) -> DemoResult:
-    config = DemoConfig(hosts=3, pages=PAGES, proxies=PROXIES, flows=0, sites=SITES, burnt={}, workdir=tmp_path,
+    config = DemoConfig(hosts=HOSTS, pages=PAGES, proxies=PROXIES, flows=0, sites=SITES, burnt={}, workdir=tmp_path,
                         progress=False, timeout=40, direct_reachable=True, injector=fault,
                         settings=dict(SETTINGS))
     for name, value in overrides.items():
