@@ -154,6 +154,8 @@ MAX_SESSION_TTL = 7 * 86400.0
 MAX_WAIT = 86400.0
 MAX_INTERVAL = 86400.0
 MAX_ARRIVAL_GUARD = 2.0  # x the interval
+#: Longest factor of a randomized interval ([0.5, 1.5) x the interval, as RANDOMIZE_DOWNLOAD_DELAY).
+RANDOMIZED_MAX = 1.5
 MAX_BAN_TTL = 30 * 86400.0
 MAX_STRIKE_WINDOW = 365 * 86400.0
 MAX_CONCURRENCY = 1000  # slots per proxy and site (MAX_CONCURRENCY in lua/_lib.lua)
@@ -178,6 +180,14 @@ class SiteOptions:
     #: The arrival guard (``PROXY_SHARD_ARRIVAL_GUARD``): a slot's next start may be pushed back by at
     #: most this x the interval when its last request reached the site late (crawl/arrival.py). 0: off.
     arrival_guard: float = DEFAULTS["PROXY_SHARD_ARRIVAL_GUARD"]
+
+    def longest_gap(self, interval: float, raised: float = 1.0) -> float:
+        """The longest a release can put between two starts of one slot paced at ``interval``: the
+        interval (x ``raised``: what another host may have raised a learned one to since), x
+        RANDOMIZED_MAX when randomized, plus the arrival guard's longest shift (guard x ``interval``);
+        or the rest after a response, if longer."""
+        randomized = RANDOMIZED_MAX if self.randomize_interval else 1.0
+        return max(interval * raised * randomized + self.arrival_guard * interval, self.rest_after_response)
 
 
 @dataclass(frozen=True)
@@ -571,8 +581,6 @@ def _site_entries(settings: BaseSettings) -> list[tuple[str, str, dict[str, Any]
 
 
 MIN_SITE_IDLE_TTL = 60.0
-#: Longest factor of a randomized interval ([0.5, 1.5) x the interval, as RANDOMIZE_DOWNLOAD_DELAY).
-RANDOMIZED_MAX = 1.5
 
 
 def _site_idle_ttl(get: Any, pacing: SiteOptions, sites: Mapping[str, SiteOptions],
@@ -586,9 +594,7 @@ def _site_idle_ttl(get: Any, pacing: SiteOptions, sites: Mapping[str, SiteOption
     gaps = []
     for own in (pacing, *sites.values()):
         at = own.autothrottle if own.autothrottle is not None else autothrottle
-        interval = max(own.min_interval, at.max_interval if at.enabled else 0.0)
-        factor = (RANDOMIZED_MAX if own.randomize_interval else 1.0) + own.arrival_guard
-        gaps.append(max(interval * factor, own.rest_after_response))
+        gaps.append(own.longest_gap(max(own.min_interval, at.max_interval if at.enabled else 0.0)))
     longest = max(gaps)
     if idle < 2 * longest:
         raise SettingError(

@@ -693,11 +693,10 @@ class ShardRuntime:
         Returns whether the wait was an exact (pacing) one.
         """
         o = self.options_of(site)
-        interval = self.interval_of(site)
-        if o.autothrottle is not None and o.autothrottle.enabled:
-            interval *= 1.5  # another host may have raised it once since this host last saw it
-        longest_pacing = max(interval * (1.5 if o.randomize_interval else 1.0) + self._guard_cap(site),
-                             o.rest_after_response)
+        # With adaptive pacing another host may have raised the interval once (x1.5) since this host
+        # last saw it; the guard's cap is this host's (guard x the interval it knows).
+        raised = 1.5 if o.autothrottle is not None and o.autothrottle.enabled else 1.0
+        longest_pacing = o.longest_gap(self.interval_of(site), raised)
         if wait.wait <= 0:  # no engine answers this (a half-written lease once did): never a busy loop
             await asyncio.sleep(MIN_PAUSE)
             return False
