@@ -19,14 +19,14 @@ from scrapy_proxy_shard.settings import ShardSettings
 PROXIES = [f"http://10.9.0.{i}:3128" for i in range(1, 7)]
 
 
-def _store(url: str, grace: float) -> FallbackPoolStore:
+def _store(url: str, grace: float, stats: object = None) -> FallbackPoolStore:
     settings = ShardSettings.from_settings({
         "PROXY_SHARD_REDIS_URL": url, "PROXY_SHARD_HOST_ID": "host-a", "PROXY_SHARD_HOSTS": ["host-a"],
         "PROXY_SHARD_FALLBACK_GRACE": grace, "PROXY_SHARD_FALLBACK_WARMUP": 0, "PROXY_SHARD_PROXIES": PROXIES,
         "PROXY_SHARD_REDIS_PARAMS": {"socket_connect_timeout": 1},
     })
     client = redis.asyncio.Redis.from_url(url, decode_responses=True, socket_connect_timeout=1)
-    return FallbackPoolStore(AsyncPoolStore(client, host_id="host-a", url_for_errors=url), settings)
+    return FallbackPoolStore(AsyncPoolStore(client, host_id="host-a", url_for_errors=url), settings, stats=stats)
 
 
 def test_a_lease_released_while_it_is_being_adopted_is_not_left_held_in_redis(redis_binary):
@@ -174,8 +174,7 @@ def test_a_lease_taken_while_the_probe_reconciles_is_adopted_before_grace(redis_
 
         async def scenario() -> tuple[list, dict]:
             stats = _Stats()
-            store = _store(server.url, grace=30)
-            store.stats = stats
+            store = _store(server.url, grace=30, stats=stats)
             await _into_fallback(store, server)
             first = await store.lease("default", "a.example", ttl=30)
             assert isinstance(first, Lease)
@@ -218,8 +217,7 @@ def test_a_lease_in_flight_is_adopted_even_if_its_slot_came_back_resting(redis_b
 
         async def scenario() -> tuple[object, object, dict]:
             stats = _Stats()
-            store = _store(server.url, grace=30)
-            store.stats = stats
+            store = _store(server.url, grace=30, stats=stats)
             await _into_fallback(store, server)
             in_flight = await store.lease("default", "a.example", ttl=30)
             assert isinstance(in_flight, Lease)
