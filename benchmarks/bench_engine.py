@@ -455,9 +455,10 @@ def measure_calls(admin: redis.Redis, store: PoolStore, setups: dict[int, PoolSe
     for n in range(rounds):
         for size, setup in setups.items():
             batch = min(BYTES_BATCH, size)
-            for one, (lease_cost, release_cost) in ((store, costs[size]), (evalsha_store, by_evalsha.get(size))):
-                if one is None:
+            for one, cost in ((store, costs[size]), (evalsha_store, by_evalsha.get(size))):
+                if one is None:  # no EVALSHA twin: the store itself goes by EVALSHA
                     continue
+                lease_cost, release_cost = cost
                 counter.start()
                 leases = [one.lease(setup.pool, site, ttl=LEASE_TTL) for _ in range(batch)]
                 lease_cost.add(batch, counter.stop())
