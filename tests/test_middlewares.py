@@ -79,6 +79,14 @@ def run(coro):
     return asyncio.run(coro)
 
 
+async def _next_ms():
+    """Let the scripts' clock (TIME, floored to whole ms) move on. With no pacing interval a released
+    slot is ready at the ms of its release, and slots ready at the same ms are taken in member order;
+    a fakeredis cycle by FCALL takes well under 1 ms, so a test of least-recently-used order that did
+    not wait would see a tie (the same proxy again) on a fast machine."""
+    await asyncio.sleep(0.002)
+
+
 def test_lease_sets_proxy_slot_and_credentials_reach_proxy_authorization():
     h = Harness()
 
@@ -108,6 +116,7 @@ def test_response_releases_and_next_request_rotates():
             request = Request("http://shop.example/")
             await h.lease_mw.process_request(request)
             seen.append(request.meta["proxy_shard_proxy_id"])
+            await _next_ms()  # released after the ms its slot was learnt at, and after the last release
             assert await h.respond(request) is not None
         return seen
 
@@ -130,6 +139,7 @@ def test_user_proxy_and_opt_out_are_left_alone_but_our_retry_copy_is_leased_agai
         first = Request("http://shop.example/")
         await h.lease_mw.process_request(first)
         copy = first.copy()  # what RetryMiddleware does: meta (with our proxy) is copied
+        await _next_ms()  # released after the ms the site learnt its slots at
         await h.lease_mw.process_response(first, Response(first.url, request=first))
         await h.lease_mw.process_request(copy)
         return own, skip, first, copy
