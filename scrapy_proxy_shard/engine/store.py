@@ -413,6 +413,50 @@ class _StoreBase:
         self._key_templates[(name, prefix, site)] = entry
         return entry
 
+    # --- sending a script (both stores: ``_execute`` sends the first command, drives the rest) ----
+    def _script_command(self, request: _Script) -> tuple:
+        """The command a script call tries first: FCALL of the hot path's function while this store
+        uses Functions, else EVALSHA straight away (what redis-py's Script does, less its per-call
+        work)."""
+        names, library = request.keys, self._functions
+        if library is not None and request.name in library.functions:
+            return ("FCALL", library.functions[request.name], len(names), *names, *request.args)
+        return ("EVALSHA", self._scripts[request.name].sha, len(names), *names, *request.args)
+
+    def _script_recovery(self, request: _Script, sent: tuple, exc: redis.ResponseError) -> Plan:
+        """What still gets a script call run after an error reply to ``sent`` (its first command).
+
+        Kept off the hot path, and one plan for both stores: each step is ``("send", command)``
+        (through the store's sender) or ``(client method, args)`` (``execute_command`` for FUNCTION
+        LOAD, ``script_load``); the driver sends back the reply or throws the error reply in. A server
+        without the library gets it loaded (once); one without Functions turns them off for this
+        store (EVALSHA from then on); a server that lost the script (restart, SCRIPT FLUSH) gets it
+        loaded again, as redis-py's Script does. Any other error is the script's own reply: raised."""
+        script = self._scripts[request.name]
+        if sent[0] == "FCALL":
+            library = self._functions
+            step = _fcall_failed(exc)  # raises the function's own error reply
+            if step == "load" and library is not None:
+                try:
+                    yield "execute_command", ("FUNCTION", "LOAD", library.source)
+                except redis.ResponseError as load_exc:
+                    step = _load_failed(load_exc, library)
+                else:
+                    step = _loaded(library, self._where)
+            if step == "fcall":
+                return (yield "send", sent)
+            self._functions = None
+            names = request.keys
+            try:
+                return (yield "send", ("EVALSHA", script.sha, len(names), *names, *request.args))
+            except redis.exceptions.NoScriptError:
+                pass
+        elif not isinstance(exc, redis.exceptions.NoScriptError):
+            raise exc
+        script.sha = yield "script_load", (script.script,)
+        names = request.keys
+        return (yield "send", ("EVALSHA", script.sha, len(names), *names, *request.args))
+
     # --- leasing -------------------------------------------------------------------------------
     def lease(self, pool: str, site: str, *, ttl: float, concurrency: int = 1,
               session_id: str | None = None, session_ttl: float = 600.0):
@@ -1132,36 +1176,25 @@ class PoolStore(_StoreBase):
         return out
 
     def _execute(self, request: Any) -> Any:
-        if type(request) is _Script:
-            # EVALSHA straight away (what redis-py's Script does, less its per-call work); a server that
-            # lost the script (restart, SCRIPT FLUSH) gets it loaded again, as Script does.
-            script, names = self._scripts[request.name], request.keys
-            send = self._direct.execute if self._direct is not None else self._generic
-            library = self._functions
-            if library is not None and request.name in library.functions:
-                # FCALL of the hot path's function; a server without the library gets it loaded (once),
-                # one without Functions turns them off for this store (EVALSHA below from then on).
-                fcall = ("FCALL", library.functions[request.name], len(names), *names, *request.args)
+        if type(request) is not _Script:
+            return self.client.execute_command(*request.args)
+        send = self._direct.execute if self._direct is not None else self._generic
+        command = self._script_command(request)
+        try:
+            return send(command)
+        except redis.ResponseError as exc:
+            steps = self._script_recovery(request, command, exc)
+        try:
+            how, what = next(steps)
+            while True:
                 try:
-                    return send(fcall)
+                    reply = send(what) if how == "send" else getattr(self.client, how)(*what)
                 except redis.ResponseError as exc:
-                    step = _fcall_failed(exc)
-                if step == "load":
-                    try:
-                        self.client.execute_command("FUNCTION", "LOAD", library.source)
-                    except redis.ResponseError as exc:
-                        step = _load_failed(exc, library)
-                    else:
-                        step = _loaded(library, self._where)
-                if step == "fcall":
-                    return send(fcall)
-                self._functions = None
-            try:
-                return send(("EVALSHA", script.sha, len(names), *names, *request.args))
-            except redis.exceptions.NoScriptError:
-                script.sha = self.client.script_load(script.script)
-                return send(("EVALSHA", script.sha, len(names), *names, *request.args))
-        return self.client.execute_command(*request.args)
+                    how, what = steps.throw(exc)
+                else:
+                    how, what = steps.send(reply)
+        except StopIteration as stop:
+            return stop.value
 
     def _generic(self, args: tuple) -> Any:
         return self.client.execute_command(*args)
@@ -1318,32 +1351,25 @@ class AsyncPoolStore(_StoreBase, PoolBackend):
         return out
 
     async def _execute(self, request: Any) -> Any:
-        if type(request) is _Script:  # FCALL or EVALSHA straight away, as PoolStore's does
-            script, names = self._scripts[request.name], request.keys
-            send = self._pipe.execute if self._pipe is not None else self._generic
-            library = self._functions
-            if library is not None and request.name in library.functions:
-                fcall = ("FCALL", library.functions[request.name], len(names), *names, *request.args)
+        if type(request) is not _Script:  # the script steps are PoolStore._execute's, awaited
+            return await self.client.execute_command(*request.args)
+        send = self._pipe.execute if self._pipe is not None else self._generic
+        command = self._script_command(request)
+        try:
+            return await send(command)
+        except redis.ResponseError as exc:
+            steps = self._script_recovery(request, command, exc)
+        try:
+            how, what = next(steps)
+            while True:
                 try:
-                    return await send(fcall)
+                    reply = await (send(what) if how == "send" else getattr(self.client, how)(*what))
                 except redis.ResponseError as exc:
-                    step = _fcall_failed(exc)
-                if step == "load":
-                    try:
-                        await self.client.execute_command("FUNCTION", "LOAD", library.source)
-                    except redis.ResponseError as exc:
-                        step = _load_failed(exc, library)
-                    else:
-                        step = _loaded(library, self._where)
-                if step == "fcall":
-                    return await send(fcall)
-                self._functions = None
-            try:
-                return await send(("EVALSHA", script.sha, len(names), *names, *request.args))
-            except redis.exceptions.NoScriptError:
-                script.sha = await self.client.script_load(script.script)
-                return await send(("EVALSHA", script.sha, len(names), *names, *request.args))
-        return await self.client.execute_command(*request.args)
+                    how, what = steps.throw(exc)
+                else:
+                    how, what = steps.send(reply)
+        except StopIteration as stop:
+            return stop.value
 
     async def _generic(self, args: tuple) -> Any:
         return await self.client.execute_command(*args)
