@@ -607,6 +607,35 @@ def test_hold_in_flight_refuses_a_slot_another_lease_holds_and_keeps_it_for_its_
     assert store.hold(POOL, "a.example", "0000000000000000/0", ttl=5, in_flight=True) is None
 
 
+def test_an_overlap_floor_outlasts_the_redis_holders_early_release(store, clock):
+    """The GT push above is undone by a plain release's ZADD: the Redis holder's request ended first,
+    its release readied the slot at its own pacing, and Redis handed the slot out while the local
+    lease still ran (a second overlap). The floor hold leaves beside the record keeps it, and each way
+    of freeing a held slot honours it: a release, a session's end, and a session's rebind."""
+    store.add_proxies(POOL, URLS[:1])
+    other = lease_ok(store)
+    assert isinstance(store.hold(POOL, "a.example", other.member, ttl=2, in_flight=True), LeaseWait)
+    assert store.release(other).status == "ok"  # no pacing: free at once, but for the floor
+    wait = store.lease(POOL, "a.example", ttl=5)
+    assert isinstance(wait, LeaseWait) and 1.5 < wait.wait <= 2.0
+    clock.sleep(2.05)  # the local lease's TTL is over
+    assert store.release(lease_ok(store)).status == "ok"  # the floor went with the record
+    assert isinstance(store.lease(POOL, "a.example", ttl=5), Lease)
+
+    session = lease_ok(store, "b.example", session_id="s1")
+    assert isinstance(store.hold(POOL, "b.example", session.member, ttl=2, in_flight=True), LeaseWait)
+    assert store.end_session(POOL, "b.example", "s1") is True
+    wait = store.lease(POOL, "b.example", ttl=5)
+    assert isinstance(wait, LeaseWait) and 1.5 < wait.wait <= 2.0
+
+    bound = lease_ok(store, "c.example", session_id="s2")
+    store.release(bound, session_ttl=60)
+    assert isinstance(store.hold(POOL, "c.example", bound.member, ttl=2, in_flight=True), LeaseWait)
+    store.ban(POOL, bound.proxy_id, site="c.example", reason="http_403", ttl=0.5)
+    answer = store.lease(POOL, "c.example", ttl=5, session_id="s2")  # rebinds: frees its old slot
+    assert isinstance(answer, LeaseWait) and 1.0 < answer.wait <= 2.0
+
+
 def test_hold_checks_its_in_flight_flag_before_writing(store, backend):
     from scrapy_proxy_shard.engine.keyset import script_keys
     from scrapy_proxy_shard.engine.scripts import register_all

@@ -200,6 +200,19 @@ def test_a_lease_settled_before_it_runs_is_barred(store):
     assert leased(store.lease(POOL, "a.example", ttl=5))  # the slot was never taken by the barred copy
 
 
+def test_a_settled_lease_frees_its_slot_no_sooner_than_an_overlap_floor(store):
+    """abandon.lua frees a slot whose lease never went out; a local fallback lease of that slot still
+    in flight (its hold answered BUSY and left a floor) keeps it from everyone else all the same."""
+    store.add_proxies(POOL, URLS[:1])
+    lost = PoolStore(store.client, namespace="t", token_factory=lambda: "lost-token")
+    taken = leased(lost.lease(POOL, "a.example", ttl=30))
+    assert isinstance(store.hold(POOL, "a.example", taken.member, ttl=2, in_flight=True), LeaseWait)
+    names = script_keys("abandon", store.prefix(POOL), "a.example", token="lost-token")
+    assert store._drive(_one_script("abandon", names, ("a.example", "lost-token", ""))) == ["RELEASED"]
+    wait = store.lease(POOL, "a.example", ttl=5)
+    assert isinstance(wait, LeaseWait) and 1.0 < wait.wait <= 2.0
+
+
 def _one_script(name, names, args):
     from scrapy_proxy_shard.engine.store import _Script
 

@@ -22,7 +22,8 @@ PROXIES = "proxies"      # HASH proxy id -> URL (may hold credentials)
 TAGS = "tags"            # HASH proxy id -> JSON tags
 ORDER = "order"          # ZSET proxy id -> its add number (sites learn proxies in this order)
 SITE = "site"            # HASH per site: c = slots per proxy, seq = add number learnt up to, and one field
-#                          per held slot (member -> "token|host|issued_ms|expires_ms|session"); expires idle
+#                          per held slot (member -> "token|host|issued_ms|expires_ms|session"), and
+#                          member^ -> an overlap floor in ms (hold.lua, see _lib.lua floor_field); expires idle
 SITEIDX = "siteidx"      # ZSET site -> ms at which its state expires (the live sites)
 READY = "ready"          # ZSET per site: slot member -> ms from which it may be used
 SESSION = "session"      # HASH per (site, session id): the sticky session's proxy and use counts

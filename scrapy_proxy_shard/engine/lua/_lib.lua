@@ -387,14 +387,35 @@ local function ban(scope, id, reason, base_ms, max_ms, jitter, window_ms, now, f
   return until_ms, strikes, 1
 end
 
+-- An overlap floor: hold.lua found a slot held in Redis by one lease while another host's local
+-- fallback lease of it was in flight (the overlap happened during the outage). Nobody else may be
+-- handed the slot before that local lease ends, even when the Redis holder gives it back sooner:
+-- hold.lua keeps the end (ms) in the site's hash beside the held record, under this field, and each
+-- script that frees a held slot readies it no sooner and drops the field with the record.
+local function floor_field(member)
+  return member .. '^'
+end
+
+-- Drop a slot's held record (and its overlap floor); the floor it had (ms, 0: none). For the rare
+-- paths (release.lua reads both fields with its one record read instead).
+local function drop_held(member)
+  local floor = tonumber(redis.call('HGET', K_SITE, floor_field(member))) or 0
+  redis.call('HDEL', K_SITE, member, floor_field(member))
+  return floor
+end
+
 -- The ms from which a slot of a proxy being (re-)added may be used: not before a quarantine ends,
--- nor before a lease or sticky session that still holds the slot (its held record) runs out. A proxy
--- removed and added again while a request holds it must not be handed out twice.
+-- nor before a lease or sticky session that still holds the slot (its held record) runs out, nor
+-- before its overlap floor. A proxy removed and added again while a request holds it must not be
+-- handed out twice.
 local function slot_free_at(site, id, member, now)
   local at = blocked_until(site, id)
   if at < now then at = now end
-  local held = held_until(redis.call('HGET', K_SITE, member))
+  local rec = redis.call('HMGET', K_SITE, member, floor_field(member))
+  local held = held_until(rec[1])
   if held > at then at = held end
+  local floor = tonumber(rec[2]) or 0
+  if floor > at then at = floor end
   return at
 end
 

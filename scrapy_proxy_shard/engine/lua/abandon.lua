@@ -43,8 +43,10 @@ if sid ~= '' then
   if sid == ARGV[3] and redis.call('HGET', K_SESSION, 't') == token then redis.call('HSET', K_SESSION, 'busy', 0) end
   return settle('RELEASED')
 end
-redis.call('HDEL', K_SITE, member)
-if redis.call('ZADD', K_READY, 'XX', 'CH', next_free(site, id, now), member) == 1 then
+local at = next_free(site, id, now)
+local floor = drop_held(member)
+if floor > at then at = floor end
+if redis.call('ZADD', K_READY, 'XX', 'CH', at, member) == 1 then
   announce_freed()
 end
 return settle('RELEASED')

@@ -6,7 +6,8 @@
 -- held record has it, even while the slot is cooling or quarantined (the slot is then ready no sooner
 -- than before, and the release paces it as any other); if another live record has it (the overlap
 -- happened during the outage), the slot's ready score is pushed to at least now + TTL (GT) and the
--- answer is BUSY: nobody else is handed it before then unless that holder releases it earlier.
+-- answer is BUSY: nobody else is handed it before then, even when that holder releases it earlier
+-- (the overlap floor, see floor_field).
 -- KEYS: memo proxies meta order bans pstats hstats siteidx site ready
 --        (roles in order, see engine/keyset.py: memo = P:done:hold:<token>, per-site keys of ARGV[1])
 -- ARGV[1]  site    ARGV[2]  member "<id>/<k>"    ARGV[3]  concurrency (slots per proxy, if the
@@ -57,9 +58,11 @@ end
 score = tonumber(score)
 local ready_at = now + ttl
 if ARGV[8] == '1' then
-  local other = live_record(redis.call('HGET', K_SITE, member), now)
+  local rec = redis.call('HMGET', K_SITE, member, floor_field(member))
+  local other = live_record(rec[1], now)
   if other then
     redis.call('ZADD', ready, 'GT', ready_at, member)
+    if ready_at > (tonumber(rec[2]) or 0) then redis.call('HSET', K_SITE, floor_field(member), ready_at) end
     touch_site(site, ready_at, idle, now)
     return {'BUSY', held_until(other) - now}
   end

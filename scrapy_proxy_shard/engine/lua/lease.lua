@@ -107,10 +107,12 @@ if sid ~= '' then
     -- The session's proxy is banned, dead or removed: free its slot and bind a new proxy below.
     -- The binding is emptied rather than deleted, so a rebind that has to wait is still reported
     -- as a rebind when it completes.
-    redis.call('HDEL', K_SITE, member)
+    --@lazy drop_held
+    local floor = drop_held(member)
     if redis.call('ZSCORE', ready, member) then
       local b = blocked_until(site, id)
       if b < now then b = now end
+      if floor > b then b = floor end
       redis.call('ZADD', ready, 'XX', b, member)
     end
     redis.call('HSET', S, 'p', '', 'm', '')

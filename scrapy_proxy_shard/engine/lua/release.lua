@@ -80,7 +80,9 @@ local breaker, bad_breaker = breaker_conf(ARGV[17])
 if bad_breaker then return redis.error_reply(bad_breaker) end
 if not id_of(ARGV[2]) then return redis.error_reply('ERR scrapy-proxy-shard: argument member must be <id>/<slot>') end
 local site, member, token, outcome = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local record = redis.call('HGET', K_SITE, member)  -- the slot's held record (read once)
+-- The slot's held record and its overlap floor (see floor_field), read once.
+local held_now = redis.call('HMGET', K_SITE, member, floor_field(member))
+local record = held_now[1]
 local now, now_str = now_ms()
 -- A plain release whose record is still live and its own has not run before (a first run would have
 -- deleted it, and only the lease with this token writes one): only the others look for a memo.
@@ -152,9 +154,11 @@ else
   elseif not held_with(v, token) then
     status = 'STALE'
   else
-    redis.call('HDEL', K_SITE, member)
+    redis.call('HDEL', K_SITE, member, floor_field(member))
     local start = lease_start(v)
     local at = next_free(site, id, paced_at(start, guarded(start), now, rest))
+    local floor = tonumber(held_now[2])
+    if floor and floor > at then at = floor end
     if redis.call('ZADD', ready, 'XX', 'CH', at, member) == 1 then
       announce_freed()
     end
