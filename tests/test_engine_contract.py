@@ -636,6 +636,28 @@ def test_an_overlap_floor_outlasts_the_redis_holders_early_release(store, clock)
     assert isinstance(answer, LeaseWait) and 1.0 < answer.wait <= 2.0
 
 
+def test_an_overlap_floor_outlasts_a_sticky_session_that_lapses(store, clock):
+    """The live record hold meets may be a sticky session's: the session's own release and its next
+    use set the slot's score to now + session TTL. If the session then lapses (no end, no rebind)
+    before the floor, nobody else may get the slot either (found in review)."""
+    store.add_proxies(POOL, URLS[:1])
+    bound = lease_ok(store, "a.example", session_id="s1", session_ttl=1)
+    assert isinstance(store.hold(POOL, "a.example", bound.member, ttl=3, in_flight=True), LeaseWait)
+    store.release(bound, session_ttl=1)
+    clock.sleep(1.2)  # the session lapsed; the local lease in flight has about 1.8 s left
+    wait = store.lease(POOL, "a.example", ttl=5)
+    assert isinstance(wait, LeaseWait) and 1.0 < wait.wait <= 1.8
+
+    bound = lease_ok(store, "b.example", session_id="s2", session_ttl=1)
+    store.release(bound, session_ttl=1)
+    assert isinstance(store.hold(POOL, "b.example", bound.member, ttl=3, in_flight=True), LeaseWait)
+    again = lease_ok(store, "b.example", ttl=1, session_id="s2", session_ttl=1)  # the session's next use
+    assert again.member == bound.member
+    clock.sleep(1.2)  # that use and the session lapse unreleased
+    wait = store.lease(POOL, "b.example", ttl=5)
+    assert isinstance(wait, LeaseWait) and 1.0 < wait.wait <= 1.8
+
+
 def test_hold_checks_its_in_flight_flag_before_writing(store, backend):
     from scrapy_proxy_shard.engine.keyset import script_keys
     from scrapy_proxy_shard.engine.scripts import register_all

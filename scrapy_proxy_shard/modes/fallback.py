@@ -438,7 +438,7 @@ class FallbackPoolStore(PoolBackend):
         """Hold ``lease``'s slot in Redis. ``in_flight``: its request already runs, so the slot is
         taken even while Redis says it is cooling or quarantined; only another live holder refuses it
         (an overlap that happened during the outage: counted ``leases_overlapped``; hold.lua keeps the
-        slot from everyone else for the lease's TTL unless that holder releases it first)."""
+        slot from everyone else for the lease's TTL, however early that holder gives it back)."""
         if token in self._adopted or token not in self._local_leases:  # adopted, or already released
             return
         concurrency = self._site_concurrency.get((lease.pool, lease.site), 1)

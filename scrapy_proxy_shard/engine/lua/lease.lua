@@ -94,7 +94,11 @@ if sid ~= '' then
       redis.call('HINCRBY', S, 'n', 1)
       redis.call('PEXPIRE', S, session_ttl)
       redis.call('HSET', K_SITE, member, held_record(token, host, now, now + session_ttl, sid))
-      redis.call('ZADD', ready, 'XX', now + session_ttl, member)
+      -- Not below an overlap floor (see floor_field): the session may lapse before it.
+      local hold = now + session_ttl
+      local floor = tonumber(redis.call('HGET', K_SITE, floor_field(member))) or 0
+      if floor > hold then hold = floor end
+      redis.call('ZADD', ready, 'XX', hold, member)
       touch_site(site, now + session_ttl, idle, now)
       count_lease(id)
       if probing then

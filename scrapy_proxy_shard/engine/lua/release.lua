@@ -144,6 +144,8 @@ if sid ~= '' then
     local b = blocked_until(site, id)
     local hold = now + session_ttl
     if b > hold then hold = b end
+    local floor = tonumber(held_now[2])  -- the session stays bound, but may lapse before the floor
+    if floor and floor > hold then hold = floor end
     redis.call('ZADD', ready, 'XX', hold, member)
     touch_site(site, now + session_ttl, tonumber(ARGV[18]), now)
   end
