@@ -418,9 +418,14 @@ class _StoreBase:
         """The command a script call tries first: FCALL of the hot path's function while this store
         uses Functions, else EVALSHA straight away (what redis-py's Script does, less its per-call
         work)."""
-        names, library = request.keys, self._functions
+        library = self._functions
         if library is not None and request.name in library.functions:
+            names = request.keys
             return ("FCALL", library.functions[request.name], len(names), *names, *request.args)
+        return self._evalsha_command(request)
+
+    def _evalsha_command(self, request: _Script) -> tuple:
+        names = request.keys
         return ("EVALSHA", self._scripts[request.name].sha, len(names), *names, *request.args)
 
     def _script_recovery(self, request: _Script, sent: tuple, exc: redis.ResponseError) -> Plan:
@@ -446,16 +451,14 @@ class _StoreBase:
             if step == "fcall":
                 return (yield "send", sent)
             self._functions = None
-            names = request.keys
             try:
-                return (yield "send", ("EVALSHA", script.sha, len(names), *names, *request.args))
+                return (yield "send", self._evalsha_command(request))
             except redis.exceptions.NoScriptError:
                 pass
         elif not isinstance(exc, redis.exceptions.NoScriptError):
             raise exc
         script.sha = yield "script_load", (script.script,)
-        names = request.keys
-        return (yield "send", ("EVALSHA", script.sha, len(names), *names, *request.args))
+        return (yield "send", self._evalsha_command(request))
 
     # --- leasing -------------------------------------------------------------------------------
     def lease(self, pool: str, site: str, *, ttl: float, concurrency: int = 1,
