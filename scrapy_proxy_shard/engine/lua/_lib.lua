@@ -395,13 +395,20 @@ end
 local function floor_field(member)
   return member .. '^'
 end
+-- `at` (ms), or the overlap floor `floor` (the field's value as read, false or nil for none) if later.
+local function not_before_floor(at, floor)
+  floor = tonumber(floor)
+  if floor and floor > at then return floor end
+  return at
+end
 
--- Drop a slot's held record (and its overlap floor); the floor it had (ms, 0: none). For the rare
--- paths (release.lua reads both fields with its one record read instead).
-local function drop_held(member)
-  local floor = tonumber(redis.call('HGET', K_SITE, floor_field(member))) or 0
+-- Drop a slot's held record and its overlap floor; returns `at`, or the floor if later: when the
+-- freed slot may be handed out. For the rare paths (release.lua reads both fields with its one
+-- record read instead).
+local function drop_held(member, at)
+  local floor = redis.call('HGET', K_SITE, floor_field(member))
   redis.call('HDEL', K_SITE, member, floor_field(member))
-  return floor
+  return not_before_floor(at, floor)
 end
 
 -- The ms from which a slot of a proxy being (re-)added may be used: not before a quarantine ends,
@@ -414,9 +421,7 @@ local function slot_free_at(site, id, member, now)
   local rec = redis.call('HMGET', K_SITE, member, floor_field(member))
   local held = held_until(rec[1])
   if held > at then at = held end
-  local floor = tonumber(rec[2]) or 0
-  if floor > at then at = floor end
-  return at
+  return not_before_floor(at, rec[2])
 end
 
 -- The start (ms) of the use a held record records, or nil.

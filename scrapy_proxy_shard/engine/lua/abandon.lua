@@ -43,10 +43,7 @@ if sid ~= '' then
   if sid == ARGV[3] and redis.call('HGET', K_SESSION, 't') == token then redis.call('HSET', K_SESSION, 'busy', 0) end
   return settle('RELEASED')
 end
-local at = next_free(site, id, now)
-local floor = drop_held(member)
-if floor > at then at = floor end
-if redis.call('ZADD', K_READY, 'XX', 'CH', at, member) == 1 then
+if redis.call('ZADD', K_READY, 'XX', 'CH', drop_held(member, next_free(site, id, now)), member) == 1 then
   announce_freed()
 end
 return settle('RELEASED')

@@ -29,9 +29,6 @@ if tonumber(s[3]) == 0 then
 else  -- a use is in flight (or its holder died): pace from its start
   at = paced_at(lease_start(redis.call('HGET', K_SITE, s[2])), interval, now, 0)
 end
-at = next_free(site, s[1], at)
-local floor = drop_held(s[2])
-if floor > at then at = floor end
-redis.call('ZADD', K_READY, 'XX', at, s[2])
+redis.call('ZADD', K_READY, 'XX', drop_held(s[2], next_free(site, s[1], at)), s[2])
 announce_freed()
 return {'OK', 1}

@@ -62,7 +62,7 @@ if ARGV[8] == '1' then
   local other = live_record(rec[1], now)
   if other then
     redis.call('ZADD', ready, 'GT', ready_at, member)
-    if ready_at > (tonumber(rec[2]) or 0) then redis.call('HSET', K_SITE, floor_field(member), ready_at) end
+    redis.call('HSET', K_SITE, floor_field(member), not_before_floor(ready_at, rec[2]))
     touch_site(site, ready_at, idle, now)
     return {'BUSY', held_until(other) - now}
   end

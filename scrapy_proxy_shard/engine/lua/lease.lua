@@ -95,9 +95,7 @@ if sid ~= '' then
       redis.call('PEXPIRE', S, session_ttl)
       redis.call('HSET', K_SITE, member, held_record(token, host, now, now + session_ttl, sid))
       -- Not below an overlap floor (see floor_field): the session may lapse before it.
-      local hold = now + session_ttl
-      local floor = tonumber(redis.call('HGET', K_SITE, floor_field(member))) or 0
-      if floor > hold then hold = floor end
+      local hold = not_before_floor(now + session_ttl, redis.call('HGET', K_SITE, floor_field(member)))
       redis.call('ZADD', ready, 'XX', hold, member)
       touch_site(site, now + session_ttl, idle, now)
       count_lease(id)
@@ -111,12 +109,11 @@ if sid ~= '' then
     -- The session's proxy is banned, dead or removed: free its slot and bind a new proxy below.
     -- The binding is emptied rather than deleted, so a rebind that has to wait is still reported
     -- as a rebind when it completes.
+    local b = blocked_until(site, id)
+    if b < now then b = now end
     --@lazy drop_held
-    local floor = drop_held(member)
+    b = drop_held(member, b)
     if redis.call('ZSCORE', ready, member) then
-      local b = blocked_until(site, id)
-      if b < now then b = now end
-      if floor > b then b = floor end
       redis.call('ZADD', ready, 'XX', b, member)
     end
     redis.call('HSET', S, 'p', '', 'm', '')

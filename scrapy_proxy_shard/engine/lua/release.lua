@@ -144,8 +144,7 @@ if sid ~= '' then
     local b = blocked_until(site, id)
     local hold = now + session_ttl
     if b > hold then hold = b end
-    local floor = tonumber(held_now[2])  -- the session stays bound, but may lapse before the floor
-    if floor and floor > hold then hold = floor end
+    hold = not_before_floor(hold, held_now[2])  -- the session stays bound, but may lapse before it
     redis.call('ZADD', ready, 'XX', hold, member)
     touch_site(site, now + session_ttl, tonumber(ARGV[18]), now)
   end
@@ -158,9 +157,7 @@ else
   else
     redis.call('HDEL', K_SITE, member, floor_field(member))
     local start = lease_start(v)
-    local at = next_free(site, id, paced_at(start, guarded(start), now, rest))
-    local floor = tonumber(held_now[2])
-    if floor and floor > at then at = floor end
+    local at = not_before_floor(next_free(site, id, paced_at(start, guarded(start), now, rest)), held_now[2])
     if redis.call('ZADD', ready, 'XX', 'CH', at, member) == 1 then
       announce_freed()
     end
