@@ -352,7 +352,13 @@ def test_clients_keep_redis_pys_policy_but_pass_loading_on(make):
         with pytest.raises(redis.ConnectionError):
             retry.call_with_retry(lost, lambda *a: None)
         assert len(calls) == 3
-    own = redis.retry.Retry(redis.backoff.NoBackoff(), 5)
-    custom = make(ShardSettings.from_settings({"PROXY_SHARD_REDIS_URL": "redis://127.0.0.1:1/0",
-                                               "PROXY_SHARD_REDIS_PARAMS": {"retry": own}}))
-    assert custom.connection_pool.make_connection().retry.get_retries() == 5
+    # One PROXY_SHARD_REDIS_PARAMS serves both clients: a retry of either kind is rebuilt as the kind
+    # the client needs (redis-py 8.2 warns when a blocking Retry reaches an asyncio client).
+    wanted = redis.asyncio.retry.Retry if make is async_client else redis.retry.Retry
+    for kind in (redis.retry.Retry, redis.asyncio.retry.Retry):
+        own = kind(redis.backoff.ConstantBackoff(0.25), 5, (redis.TimeoutError,))
+        custom = make(ShardSettings.from_settings({"PROXY_SHARD_REDIS_URL": "redis://127.0.0.1:1/0",
+                                                   "PROXY_SHARD_REDIS_PARAMS": {"retry": own}}))
+        got = custom.connection_pool.make_connection().retry
+        assert type(got) is wanted and got.get_retries() == 5
+        assert got._backoff.compute(3) == 0.25 and redis.TimeoutError in got._supported_errors

@@ -335,8 +335,8 @@ def test_cli_error_paths_never_show_the_secret(tmp_path, redis_server):
         ("--redis-url", redis_server.url, "--sentinels", f"u:{SECRET}@h:x", "--sentinel-master", "m", "status"),
     ]
     with busy:
-        procs = [subprocess.run(["scrapy-proxy-shard", *args], capture_output=True, text=True, timeout=60,
-                                env={**os.environ, "PROXY_SHARD_NAMESPACE": "sweep"}) for args in runs]
+        procs = [subprocess.run([sys.executable, "-m", "scrapy_proxy_shard", *args], capture_output=True, text=True,
+                                timeout=60, env={**os.environ, "PROXY_SHARD_NAMESPACE": "sweep"}) for args in runs]
     for args, proc in zip(runs, procs, strict=True):
         shown = proc.stdout + proc.stderr
         assert proc.returncode in (1, 2), (args[-1], shown)

@@ -7,8 +7,8 @@ import asyncio
 
 import redis
 import redis.asyncio
+from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from scrapy_proxy_shard.demo.redis_server import RedisServer
 from scrapy_proxy_shard.engine.store import AsyncPoolStore, Lease, LeaseWait, PoolStore

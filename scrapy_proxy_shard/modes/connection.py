@@ -12,6 +12,11 @@ client's, and ``retry_on_timeout`` makes ``Retry(NoBackoff(), 1)``; checked on r
 client built with another ``retry`` up to 10 retries with pauses. So the plain and Sentinel clients
 get that same policy *minus* ``LOADING`` (``_PassLoading``), unless ``PROXY_SHARD_REDIS_PARAMS`` sets
 ``retry`` itself. ``BUSY`` is a plain error reply to redis-py (never retried there).
+
+A ``retry`` of ``PROXY_SHARD_REDIS_PARAMS`` serves both kinds of client (the crawl's asyncio one, the
+CLI's blocking one), so it is rebuilt as the kind each client needs, with the same backoff, retry count
+and errors (``same_retry_as``): redis-py 8.2 converts a blocking ``Retry`` given to an asyncio client
+itself, but warns that a custom ``call_with_retry`` is lost, and redis-py 5 does not convert it at all.
 """
 
 from __future__ import annotations
@@ -111,30 +116,54 @@ def pass_loading_retry(retry_cls, params: dict[str, Any]):
     return retry_cls(NoBackoff(), 1 if params.get("retry_on_timeout") or params.get("retry_on_error") else 0)
 
 
+def same_retry_as(retry: Any, retry_cls: type) -> Any:
+    """``retry`` as a ``retry_cls`` (``redis.retry.Retry`` or ``redis.asyncio.retry.Retry``): the same
+    backoff, retry count and retried errors. Anything else (already that kind, or not a redis-py
+    retry policy) is returned as it is, for redis-py to accept or reject."""
+    if isinstance(retry, retry_cls):
+        return retry
+    other = redis.asyncio.retry.Retry if retry_cls is redis.retry.Retry else redis.retry.Retry
+    if not isinstance(retry, other):
+        return retry
+    same = retry_cls(retry._backoff, retry._retries, tuple(retry._supported_errors))
+    if hasattr(retry, "_is_retryable"):  # redis-py >= 6
+        same._is_retryable = retry._is_retryable
+    return same
+
+
 def async_client(settings: ShardSettings):
     """An asyncio Redis client (for the Scrapy middlewares): plain, Cluster or Sentinel-managed."""
     retry = pass_loading_retry(_AsyncPassLoading, client_params(settings))
+    kind = redis.asyncio.retry.Retry
     if settings.redis_sentinels:
-        return _sentinel(redis.asyncio.sentinel.Sentinel, settings, retry)
+        return _sentinel(redis.asyncio.sentinel.Sentinel, settings, kind, retry)
     if settings.redis_cluster:
-        return _build(redis.asyncio.cluster.RedisCluster, settings)
-    return _build(redis.asyncio.Redis, settings, retry)
+        return _build(redis.asyncio.cluster.RedisCluster, settings, kind)
+    return _build(redis.asyncio.Redis, settings, kind, retry)
 
 
 def sync_client(settings: ShardSettings):
     """A blocking Redis client (for the CLI, the exporter and scripts): plain, Cluster or Sentinel."""
     retry = pass_loading_retry(_PassLoading, client_params(settings))
+    kind = redis.retry.Retry
     if settings.redis_sentinels:
-        return _sentinel(redis.sentinel.Sentinel, settings, retry)
+        return _sentinel(redis.sentinel.Sentinel, settings, kind, retry)
     if settings.redis_cluster:
-        return _build(redis.cluster.RedisCluster, settings)
-    return _build(redis.Redis, settings, retry)
+        return _build(redis.cluster.RedisCluster, settings, kind)
+    return _build(redis.Redis, settings, kind, retry)
 
 
-def _sentinel(cls, settings: ShardSettings, retry: Any = None):
+def _params_for(settings: ShardSettings, retry_kind: type) -> dict[str, Any]:
+    params = client_params(settings)
+    if "retry" in params:
+        params["retry"] = same_retry_as(params["retry"], retry_kind)
+    return params
+
+
+def _sentinel(cls, settings: ShardSettings, retry_kind: type, retry: Any = None):
     """The current master named PROXY_SHARD_REDIS_SENTINEL_MASTER, found through the sentinels; the
     client follows a failover by asking them again."""
-    params = client_params(settings)
+    params = _params_for(settings, retry_kind)
     if retry is not None:
         params.setdefault("retry", retry)
     sentinel = cls(list(settings.redis_sentinels), sentinel_kwargs={"socket_timeout": params.get("socket_timeout")},
@@ -142,9 +171,9 @@ def _sentinel(cls, settings: ShardSettings, retry: Any = None):
     return sentinel.master_for(settings.redis_sentinel_master)
 
 
-def _build(cls, settings: ShardSettings, retry: Any = None):
+def _build(cls, settings: ShardSettings, retry_kind: type, retry: Any = None):
     url = redis_url_of(settings)
-    params = client_params(settings)
+    params = _params_for(settings, retry_kind)
     if retry is not None:  # not for Cluster clients: they use ``retry`` for their own topology loop
         params.setdefault("retry", retry)
     try:
