@@ -7,11 +7,24 @@ TTLs, intervals and bans elapse without real waiting (blocking commands still ti
 
 from __future__ import annotations
 
+import importlib
 import time
 import types
 
-import fakeredis._socket._base
 import fakeredis.commands_mixins.server_mixin
+
+# The module whose time.time() decides key expiry: fakeredis moved it (2.26: _basefakesocket; later
+# releases: _socket._base). The lowest-versions CI run uses the old one.
+_SOCKET_MODULES = ("fakeredis._socket._base", "fakeredis._basefakesocket")
+
+
+def _socket_module() -> types.ModuleType:
+    for name in _SOCKET_MODULES:
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            continue
+    raise ImportError(f"none of {_SOCKET_MODULES} in this fakeredis: tests/engine_clock.py needs updating")
 
 
 class Clock:
@@ -40,6 +53,6 @@ def make_clock(controlled: bool, monkeypatch) -> Clock:
     if controlled:
         stand_in = types.SimpleNamespace(**{name: getattr(time, name) for name in dir(time) if name[0] != "_"})
         stand_in.time = clock.time
-        for module in (fakeredis._socket._base, fakeredis.commands_mixins.server_mixin):
+        for module in (_socket_module(), fakeredis.commands_mixins.server_mixin):
             monkeypatch.setattr(module, "time", stand_in)
     return clock
