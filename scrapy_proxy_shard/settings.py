@@ -24,6 +24,7 @@ from parsel.csstranslator import HTMLTranslator
 from scrapy.exceptions import ScrapyDeprecationWarning
 from scrapy.settings import BaseSettings
 
+from scrapy_proxy_shard.crawl.handlers import declared_handlers
 from scrapy_proxy_shard.engine.bans import BanOptions
 from scrapy_proxy_shard.engine.breaker import BreakerOptions
 from scrapy_proxy_shard.engine.pacing import AutothrottleOptions
@@ -130,6 +131,8 @@ DEFAULTS: dict[str, Any] = {
     "PROXY_SHARD_BREAKER_COOLOFF": 30.0,
     "PROXY_SHARD_BREAKER_MAX_COOLOFF": 600.0,
     "PROXY_SHARD_BREAKER_PROBES": 3,
+    "PROXY_SHARD_PROXY_AWARE_HANDLERS": (),  # download handlers you vouch send requests through meta['proxy']
+    "PROXY_SHARD_ALLOW_DIRECT": False,  # meta['proxy_shard'] = False may send a request from this host's IP
 }
 
 MODES = ("auto", "redis", "embedded", "static")
@@ -326,6 +329,10 @@ class ShardSettings:
     breaker_enabled: bool
     breaker: BreakerOptions
     breakers: Mapping[str, BreakerOptions | None]
+    #: Download handlers declared to send every request through meta['proxy'] (crawl/handlers.py).
+    proxy_aware_handlers: tuple[str, ...]
+    #: An explicit opt-out (meta['proxy_shard'] = False) may go out from this host's own IP.
+    allow_direct: bool
 
     ATTRIBUTE = "_proxy_shard_settings"
 
@@ -437,6 +444,8 @@ class ShardSettings:
             breaker_enabled=_boolean(s, "PROXY_SHARD_BREAKER_ENABLED"),
             breaker=breaker,
             breakers=_site_breakers(site_entries, breaker),
+            proxy_aware_handlers=declared_handlers(get("PROXY_SHARD_PROXY_AWARE_HANDLERS")),
+            allow_direct=_boolean(s, "PROXY_SHARD_ALLOW_DIRECT"),
         )
 
     def breaker_for(self, site: str) -> BreakerOptions | None:
