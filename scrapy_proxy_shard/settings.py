@@ -24,7 +24,6 @@ from parsel.csstranslator import HTMLTranslator
 from scrapy.exceptions import ScrapyDeprecationWarning
 from scrapy.settings import BaseSettings
 
-from scrapy_proxy_shard.crawl.handlers import declared_handlers
 from scrapy_proxy_shard.engine.bans import BanOptions
 from scrapy_proxy_shard.engine.breaker import BreakerOptions
 from scrapy_proxy_shard.engine.pacing import AutothrottleOptions
@@ -444,7 +443,7 @@ class ShardSettings:
             breaker_enabled=_boolean(s, "PROXY_SHARD_BREAKER_ENABLED"),
             breaker=breaker,
             breakers=_site_breakers(site_entries, breaker),
-            proxy_aware_handlers=declared_handlers(get("PROXY_SHARD_PROXY_AWARE_HANDLERS")),
+            proxy_aware_handlers=_declared_handlers(get("PROXY_SHARD_PROXY_AWARE_HANDLERS")),
             allow_direct=_boolean(s, "PROXY_SHARD_ALLOW_DIRECT"),
         )
 
@@ -957,6 +956,29 @@ def _dotted_path(get, name: str) -> str:
     if not isinstance(raw, str) or "." not in raw:
         raise SettingError(f"{name} ({raw!r}) must be a dotted import path such as 'package.module.Class'")
     return raw
+
+
+def _declared_handlers(raw: Any) -> tuple[str, ...]:
+    """``PROXY_SHARD_PROXY_AWARE_HANDLERS`` as dotted paths (a list of paths or classes)."""
+    if raw is None or raw == "":
+        return ()
+    if isinstance(raw, str):  # -s PROXY_SHARD_PROXY_AWARE_HANDLERS=a.B,c.D
+        raw = [part.strip() for part in raw.split(",") if part.strip()]
+    items = [raw] if isinstance(raw, type) else raw
+    if not isinstance(items, (list, tuple, set, frozenset)):
+        raise SettingError(f"PROXY_SHARD_PROXY_AWARE_HANDLERS ({raw!r}) must be a list of download handler classes "
+                           f"or their dotted paths, e.g. ['myproject.handlers.MyHandler']")
+    out = []
+    for item in items:
+        if not (isinstance(item, type) or (isinstance(item, str) and "." in item)):
+            raise SettingError(f"PROXY_SHARD_PROXY_AWARE_HANDLERS entry {item!r} must be a download handler class "
+                               f"or its dotted path, e.g. 'myproject.handlers.MyHandler'")
+        out.append(_class_path(item))
+    return tuple(out)
+
+
+def _class_path(value: Any) -> str:
+    return value if isinstance(value, str) else f"{value.__module__}.{value.__qualname__}"
 
 
 def _choice(get, name: str, allowed: tuple[str, ...]) -> str:

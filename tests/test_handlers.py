@@ -15,10 +15,11 @@ from scrapy.utils.misc import build_from_crawler
 from scrapy.utils.test import get_crawler
 from test_middlewares import Harness
 
-from scrapy_proxy_shard.crawl.handlers import HandlerMap, declared_handlers
+from scrapy_proxy_shard.crawl.handlers import HandlerMap
 from scrapy_proxy_shard.crawl.startup import check_handlers
 from scrapy_proxy_shard.exceptions import SettingError
 from scrapy_proxy_shard.middlewares import ProxyShardGuardMiddleware, RequestNotLeased
+from scrapy_proxy_shard.settings import ShardSettings
 
 PLAYWRIGHT = "scrapy_playwright.handler.ScrapyPlaywrightDownloadHandler"
 AUTH_PROXY = "http://alice:S3cret@10.9.0.1:3128"
@@ -81,16 +82,20 @@ def test_an_unknown_handler_stops_the_crawl_in_one_line_unless_declared():
     assert "\n" not in message
     assert f"DOWNLOAD_HANDLERS['http'] is '{path}'" in message and "PROXY_SHARD_PROXY_AWARE_HANDLERS" in message
     _map({"http": path}, declared=(path,)).check()
-    _map({"http": MyHandler}, declared=declared_handlers([MyHandler])).check()
+    _map({"http": MyHandler}, declared=_declared([MyHandler])).check()
     with pytest.raises(SettingError, match="cannot download through a proxy"):
         _map({"https": "scrapy.core.downloader.handlers.http2.H2DownloadHandler"}).check()
 
 
+def _declared(raw):
+    return ShardSettings.from_settings({"PROXY_SHARD_PROXY_AWARE_HANDLERS": raw}).proxy_aware_handlers
+
+
 def test_declared_handlers_setting_is_validated():
-    assert declared_handlers("a.B, c.D") == ("a.B", "c.D")
-    assert declared_handlers(None) == ()
+    assert _declared("a.B, c.D") == ("a.B", "c.D")
+    assert _declared(None) == ()
     with pytest.raises(SettingError, match="PROXY_SHARD_PROXY_AWARE_HANDLERS entry 3"):
-        declared_handlers([3])
+        _declared([3])
 
 
 def test_start_up_check_reads_the_crawlers_settings_and_a_reserved_context_name():

@@ -90,25 +90,6 @@ def _path_of(value: Any) -> str:
     return f"{getattr(value, '__module__', '?')}.{getattr(value, '__qualname__', type(value).__name__)}"
 
 
-def declared_handlers(raw: Any) -> tuple[str, ...]:
-    """``PROXY_SHARD_PROXY_AWARE_HANDLERS`` as dotted paths (a list of paths or classes)."""
-    if raw is None or raw == "":
-        return ()
-    if isinstance(raw, str):  # -s PROXY_SHARD_PROXY_AWARE_HANDLERS=a.B,c.D
-        raw = [part.strip() for part in raw.split(",") if part.strip()]
-    items = [raw] if isinstance(raw, type) else raw
-    if not isinstance(items, (list, tuple, set, frozenset)):
-        raise SettingError(f"{DECLARE_SETTING} ({raw!r}) must be a list of download handler classes or their "
-                           f"dotted paths, e.g. ['myproject.handlers.MyHandler']")
-    out = []
-    for item in items:
-        if not (isinstance(item, type) or (isinstance(item, str) and "." in item)):
-            raise SettingError(f"{DECLARE_SETTING} entry {item!r} must be a download handler class or its "
-                               f"dotted path, e.g. 'myproject.handlers.MyHandler'")
-        out.append(_path_of(item))
-    return tuple(out)
-
-
 def _kind(path: str, declared: frozenset[str]) -> tuple[str, str]:
     if path in declared or path in PROXY_AWARE:
         return "proxy", ""
