@@ -30,6 +30,8 @@ from scrapy.http import Response
 from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.misc import build_from_crawler, load_object
 
+from scrapy_proxy_shard.crawl import browser
+from scrapy_proxy_shard.crawl.handlers import HandlerMap, Route
 from scrapy_proxy_shard.crawl.runtime import STATS, ShardRuntime
 from scrapy_proxy_shard.crawl.startup import StartupGate
 from scrapy_proxy_shard.engine.proxies import mask
@@ -68,9 +70,44 @@ def _enabled_runtime(crawler: Any) -> ShardRuntime | None:
     return None if gate.error is not None else runtime
 
 
+def _handler_map(runtime: ShardRuntime | None, crawler: Any) -> HandlerMap:
+    """The crawler's download handlers (crawl/handlers.py); without a runtime, none declared."""
+    declared = runtime.settings.proxy_aware_handlers if runtime is not None else ()
+    return HandlerMap.for_crawler(crawler, declared)
+
+
 def _user_proxy(meta: dict) -> bool:
-    """A request the plugin leaves alone: opted out, or a proxy the user set in meta."""
-    return bool(meta.get("proxy_shard_skip")) or ("proxy" in meta and OWN_PROXY not in meta)
+    """``meta['proxy']`` is a proxy URL the user set (not the plugin): a non-empty string. None or ''
+    is no proxy at all: such a request is leased like any other."""
+    proxy = meta.get("proxy")
+    return isinstance(proxy, str) and bool(proxy.strip()) and OWN_PROXY not in meta
+
+
+def _opted_out(meta: dict) -> bool:
+    """The request says "do not lease me": ``meta['proxy_shard'] = False`` (or the older
+    ``meta['proxy_shard_skip'] = True``, still honoured)."""
+    return meta.get("proxy_shard") is False or bool(meta.get("proxy_shard_skip"))
+
+
+def left_alone_as(meta: dict, route: Route) -> str | None:
+    """How a request the plugin does not lease leaves the host, or None when it must be leased.
+
+    ``local`` (file://, data:: it does not leave), ``own_proxy`` (through the user's non-empty
+    ``meta['proxy']``, by a handler that honours it) or ``direct`` (an opt-out without a proxy, or a
+    user's proxy the handler ignores: from this host's own IP, allowed only by PROXY_SHARD_ALLOW_DIRECT).
+    """
+    if route.kind == "local":
+        return "local"
+    user_proxy = _user_proxy(meta)
+    if not user_proxy and not _opted_out(meta):
+        return None
+    return "own_proxy" if user_proxy and route.kind == "proxy" else "direct"
+
+
+def _direct_reason(meta: dict, route: Route) -> str:
+    if _user_proxy(meta):
+        return f"its download handler ignores meta['proxy'] ({route.reason or 'a browser request'})"
+    return "it opted out of the proxy pool (meta['proxy_shard'] = False) and has no meta['proxy']"
 
 
 class ProxyShardMiddleware:
@@ -79,6 +116,7 @@ class ProxyShardMiddleware:
     def __init__(self, runtime: ShardRuntime | None, crawler: Any = None) -> None:
         self.runtime = runtime
         self.crawler = runtime.crawler if runtime is not None else crawler
+        self.handlers = _handler_map(runtime, self.crawler)
 
     @classmethod
     def from_crawler(cls, crawler: Any) -> ProxyShardMiddleware:
@@ -88,10 +126,28 @@ class ProxyShardMiddleware:
         meta = request.meta
         if self.runtime is None:
             raise RequestNotLeased("scrapy-proxy-shard could not start (see the 'cannot start' line)")
-        if _user_proxy(meta):
-            self.runtime.stats.inc_value(f"{STATS}/skipped")
+        route = self.handlers.route(request)
+        alone = left_alone_as(meta, route)
+        if alone is not None:
+            if alone == "direct" and not self.runtime.settings.allow_direct:
+                self.runtime.stats.inc_value(f"{STATS}/direct_refused")
+                problem = (f"{_direct_reason(meta, route)}, and PROXY_SHARD_ALLOW_DIRECT is False: it would go out "
+                           f"from this host's own IP")
+                logger.error("proxy_shard: %(url)s not sent: %(p)s", {"url": request.url, "p": problem})
+                raise RequestNotLeased(f"{request.url}: {problem}")
+            self.runtime.stats.inc_value(f"{STATS}/{'local' if alone == 'local' else 'skipped'}")
             self.runtime.left_alone.add(request)
             return None
+        if route.kind == "refused":
+            self.runtime.stats.inc_value(f"{STATS}/handler_refused")
+            logger.error("proxy_shard: %(url)s not sent: %(r)s", {"url": request.url, "r": route.reason})
+            raise RequestNotLeased(f"{request.url}: {route.reason}")
+        if route.kind == "browser":
+            problem = browser.bind_problem(meta)
+            if problem is not None:
+                self.runtime.stats.inc_value(f"{STATS}/browser_refused")
+                logger.error("proxy_shard: %(url)s not sent: %(p)s", {"url": request.url, "p": problem})
+                raise RequestNotLeased(f"{request.url}: {problem}")
         if self.runtime.open_error is not None:
             raise self.runtime.open_error
         if self.runtime.lease_of(request) is not None:
@@ -110,6 +166,8 @@ class ProxyShardMiddleware:
         meta["proxy"] = lease.proxy_url
         meta[OWN_PROXY] = lease.proxy_id
         meta["proxy_shard_proxy_id"] = lease.proxy_id
+        if route.kind == "browser":
+            browser.bind(meta, lease.proxy_id, lease.proxy_url)
         if "download_slot" not in meta or OWN_SLOT in meta:
             meta["download_slot"] = meta[OWN_SLOT] = f"{site}|{lease.proxy_id}"
         return None
@@ -267,19 +325,24 @@ def _spider_says(spider: Any, method: str, request: Request, subject: Any) -> bo
 
 class ProxyShardGuardMiddleware:
     """The last line (950, after every built-in): a request the plugin is responsible for goes out
-    through the proxy leased for it, or not at all.
+    through the proxy leased for it, by a download handler that uses it, or not at all.
 
-    Responsible means: the lease middleware leased it, or never saw it (it did not leave it alone
-    for ``proxy_shard_skip`` or a user-set ``meta['proxy']``). Such a request is dropped with
-    ``RequestNotLeased`` (an IgnoreRequest: its errback gets it, the lease is released) when it has
-    no lease, or when ``meta['proxy']`` no longer points at the leased proxy (removed, None or
-    changed by a middleware in between). ``HttpProxyMiddleware`` strips the credentials from
-    ``meta['proxy']``, so the endpoints (scheme, host, port) are compared.
+    Responsible means: the lease middleware leased it, or never saw it. Such a request is dropped
+    with ``RequestNotLeased`` (an IgnoreRequest: its errback gets it, the lease is released) when it
+    has no lease, when ``meta['proxy']`` no longer points at the leased proxy (removed, None or
+    changed by a middleware in between; ``HttpProxyMiddleware`` strips the credentials from it, so
+    the endpoints are compared), or when the handler that will download it does not use the proxy
+    (crawl/handlers.py): a browser request of scrapy-playwright must carry the context bound to its
+    leased proxy (crawl/browser.py). A request left alone is checked again as it now stands: through
+    the user's own proxy by a handler that honours it, local (file://, data:), or a direct send,
+    counted (``proxy_shard/direct``) and logged at WARNING when PROXY_SHARD_ALLOW_DIRECT allows it,
+    dropped otherwise.
     """
 
     def __init__(self, runtime: ShardRuntime | None, crawler: Any) -> None:
         self.runtime = runtime
         self.crawler = crawler
+        self.handlers = _handler_map(runtime, crawler)
 
     @classmethod
     def from_crawler(cls, crawler: Any) -> ProxyShardGuardMiddleware:
@@ -296,18 +359,41 @@ class ProxyShardGuardMiddleware:
 
     def _problem(self, request: Request) -> str | None:
         runtime = self.runtime
+        route = self.handlers.route(request)
         lease = runtime.lease_of(request) if runtime is not None else None
         if lease is None:
             if runtime is not None and request in runtime.left_alone:
-                return None
-            if runtime is None and _user_proxy(request.meta):
+                return self._left_alone_problem(request, route)
+            if runtime is None and left_alone_as(request.meta, route) in ("local", "own_proxy"):
                 return None
             return "no proxy was leased for it"
+        if route.kind not in ("proxy", "browser"):
+            return f"its download handler will not use the leased proxy: {route.reason}"
         sent = request.meta.get("proxy")
         if not isinstance(sent, str) or not sent:
             return f"meta['proxy'] is {sent!r}, not the leased proxy {lease.proxy_id}"
         if _endpoint(sent) != _endpoint(lease.proxy_url):
             return f"meta['proxy'] ({mask(sent)}) is not the leased proxy {lease.proxy_id}"
+        if route.kind == "browser":
+            problem = browser.binding_problem(request, lease.proxy_id, lease.proxy_url, self.crawler)
+            if problem is not None:
+                return problem
+            browser.drop_proxy_authorization(request)
+        return None
+
+    def _left_alone_problem(self, request: Request, route: Route) -> str | None:
+        alone = left_alone_as(request.meta, route)
+        if alone is None:
+            return f"no proxy was leased for it, and its meta['proxy'] is now {request.meta.get('proxy')!r}"
+        if alone != "direct":
+            return None
+        reason = _direct_reason(request.meta, route)
+        if not self.runtime.settings.allow_direct:
+            self.crawler.stats.inc_value(f"{STATS}/direct_refused")
+            return f"{reason}, and PROXY_SHARD_ALLOW_DIRECT is False: it would go out from this host's own IP"
+        self.crawler.stats.inc_value(f"{STATS}/direct")
+        logger.warning("proxy_shard: %(url)s goes out DIRECT, from this host's own IP: %(reason)s "
+                       "(PROXY_SHARD_ALLOW_DIRECT)", {"url": request.url, "reason": reason})
         return None
 
 

@@ -130,6 +130,8 @@ DEFAULTS: dict[str, Any] = {
     "PROXY_SHARD_BREAKER_COOLOFF": 30.0,
     "PROXY_SHARD_BREAKER_MAX_COOLOFF": 600.0,
     "PROXY_SHARD_BREAKER_PROBES": 3,
+    "PROXY_SHARD_PROXY_AWARE_HANDLERS": (),  # download handlers you vouch send requests through meta['proxy']
+    "PROXY_SHARD_ALLOW_DIRECT": False,  # meta['proxy_shard'] = False may send a request from this host's IP
 }
 
 MODES = ("auto", "redis", "embedded", "static")
@@ -326,6 +328,10 @@ class ShardSettings:
     breaker_enabled: bool
     breaker: BreakerOptions
     breakers: Mapping[str, BreakerOptions | None]
+    #: Download handlers declared to send every request through meta['proxy'] (crawl/handlers.py).
+    proxy_aware_handlers: tuple[str, ...]
+    #: An explicit opt-out (meta['proxy_shard'] = False) may go out from this host's own IP.
+    allow_direct: bool
 
     ATTRIBUTE = "_proxy_shard_settings"
 
@@ -437,6 +443,8 @@ class ShardSettings:
             breaker_enabled=_boolean(s, "PROXY_SHARD_BREAKER_ENABLED"),
             breaker=breaker,
             breakers=_site_breakers(site_entries, breaker),
+            proxy_aware_handlers=_declared_handlers(get("PROXY_SHARD_PROXY_AWARE_HANDLERS")),
+            allow_direct=_boolean(s, "PROXY_SHARD_ALLOW_DIRECT"),
         )
 
     def breaker_for(self, site: str) -> BreakerOptions | None:
@@ -948,6 +956,29 @@ def _dotted_path(get, name: str) -> str:
     if not isinstance(raw, str) or "." not in raw:
         raise SettingError(f"{name} ({raw!r}) must be a dotted import path such as 'package.module.Class'")
     return raw
+
+
+def _declared_handlers(raw: Any) -> tuple[str, ...]:
+    """``PROXY_SHARD_PROXY_AWARE_HANDLERS`` as dotted paths (a list of paths or classes)."""
+    if raw is None or raw == "":
+        return ()
+    if isinstance(raw, str):  # -s PROXY_SHARD_PROXY_AWARE_HANDLERS=a.B,c.D
+        raw = [part.strip() for part in raw.split(",") if part.strip()]
+    items = [raw] if isinstance(raw, type) else raw
+    if not isinstance(items, (list, tuple, set, frozenset)):
+        raise SettingError(f"PROXY_SHARD_PROXY_AWARE_HANDLERS ({raw!r}) must be a list of download handler classes "
+                           f"or their dotted paths, e.g. ['myproject.handlers.MyHandler']")
+    out = []
+    for item in items:
+        if not (isinstance(item, type) or (isinstance(item, str) and "." in item)):
+            raise SettingError(f"PROXY_SHARD_PROXY_AWARE_HANDLERS entry {item!r} must be a download handler class "
+                               f"or its dotted path, e.g. 'myproject.handlers.MyHandler'")
+        out.append(_class_path(item))
+    return tuple(out)
+
+
+def _class_path(value: Any) -> str:
+    return value if isinstance(value, str) else f"{value.__module__}.{value.__qualname__}"
 
 
 def _choice(get, name: str, allowed: tuple[str, ...]) -> str:

@@ -128,7 +128,7 @@ def test_response_releases_and_next_request_rotates():
 
 
 def test_user_proxy_and_opt_out_are_left_alone_but_our_retry_copy_is_leased_again():
-    h = Harness()
+    h = Harness({"PROXY_SHARD_ALLOW_DIRECT": True})  # an opt-out with no proxy of its own goes direct
 
     async def scenario():
         await h.open()

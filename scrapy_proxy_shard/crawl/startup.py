@@ -24,8 +24,10 @@ from typing import Any
 from scrapy import signals
 from scrapy.exceptions import CloseSpider
 
+from scrapy_proxy_shard.crawl.handlers import HandlerMap
 from scrapy_proxy_shard.crawl.wiring import check_wiring
 from scrapy_proxy_shard.exceptions import ProxyShardError, SettingError
+from scrapy_proxy_shard.settings import ShardSettings
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +72,7 @@ class StartupGate:
             try:
                 for warning in check_wiring(self.crawler.settings):
                     logger.warning("proxy_shard: %(w)s", {"w": warning})
+                check_handlers(self.crawler)
             except ProxyShardError as exc:
                 self.fail(exc)
         if self.error is not None:
@@ -107,6 +110,13 @@ async def check_eviction(client: Any, where: str, mode: str) -> None:
     logger.warning("proxy_shard: %(p)s (%(what)s); noeviction is recommended",
                    {"p": problem, "what": "proxies, ready sets and bans" if policy.startswith("allkeys")
                     else "sites' held slots and ready sets, and sticky sessions"})
+
+
+def check_handlers(crawler: Any) -> None:
+    """Refuse a download handler not known to use meta['proxy'] (crawl/handlers.py), unless declared."""
+    settings = ShardSettings.for_crawler(crawler)
+    if settings.enabled:
+        HandlerMap.for_crawler(crawler, settings.proxy_aware_handlers).check()
 
 
 def _policy_of(reply: Any) -> tuple[str | None, int | None]:

@@ -1,0 +1,170 @@
+"""Which download handler will download a request, and whether it goes out through ``meta['proxy']``.
+
+The guard used to check ``meta['proxy']`` only; but a handler decides what it does with it, and
+several send from the host's own IP whatever it says: scrapy-playwright's browser, Scrapy's FTP
+handler, a project's own handler. This module resolves, from the crawler's settings as Scrapy's
+downloader does (``DOWNLOAD_HANDLERS_BASE`` merged with ``DOWNLOAD_HANDLERS``; ``None`` disables a
+scheme), the handler of each scheme and sorts it into one kind:
+
+- ``proxy``: honours ``meta['proxy']``: Scrapy's HTTP/1.1 handler (and its deprecated alias in
+  ``scrapy.core.downloader.handlers.http``), the aiohttp and httpx handlers Scrapy 2.19 ships (the
+  aiohttp one is its http/https default without a reactor), scrapy-impersonate (curl_cffi gets
+  ``meta['proxy']``; checked in jxlil/scrapy-impersonate f9dd600, handler.py / parser.py), and any
+  class listed in ``PROXY_SHARD_PROXY_AWARE_HANDLERS``;
+- ``playwright``: scrapy-playwright: a ``meta['playwright']`` request is downloaded by the browser
+  in the browser context named by ``meta['playwright_context']`` (``meta['proxy']`` is ignored), any
+  other request by Scrapy's HTTP/1.1 handler it inherits;
+- ``local``: ``file://`` and ``data:``: nothing leaves the host; no lease is needed;
+- ``no_proxy``: Scrapy's own FTP and S3 handlers, defaults nobody chose: each request for them is
+  refused when it comes, rather than the whole crawl;
+- ``unknown``: anything else, including Scrapy's HTTP/2 handler (it raises NotImplementedError for
+  any request with ``meta['proxy']``): the crawl is refused at start-up, one line naming the handler
+  and the setting that accepts it.
+
+Handlers are compared by exact class (a subclass of a proxy-aware handler may override
+``download_request`` and ignore the proxy), by the path written in the settings first, so that a
+known path is never imported here (Scrapy's deprecated alias warns on import).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from scrapy import Request
+from scrapy.utils.httpobj import urlparse_cached
+from scrapy.utils.misc import load_object
+
+from scrapy_proxy_shard.exceptions import SettingError
+
+_HANDLERS = "scrapy.core.downloader.handlers"
+HTTP11 = f"{_HANDLERS}.http11.HTTP11DownloadHandler"
+H2 = f"{_HANDLERS}.http2.H2DownloadHandler"
+PLAYWRIGHT = "scrapy_playwright.handler.ScrapyPlaywrightDownloadHandler"
+IMPERSONATE = "scrapy_impersonate.ImpersonateDownloadHandler"
+#: Handlers known to send every request through ``meta['proxy']``.
+PROXY_AWARE = frozenset({
+    HTTP11,
+    f"{_HANDLERS}.http.HTTPDownloadHandler",
+    f"{_HANDLERS}._aiohttp.AiohttpDownloadHandler",
+    f"{_HANDLERS}._httpx.HttpxDownloadHandler",
+    IMPERSONATE,
+    "scrapy_impersonate.handler.ImpersonateDownloadHandler",
+})
+LOCAL = frozenset({f"{_HANDLERS}.file.FileDownloadHandler", f"{_HANDLERS}.datauri.DataURIDownloadHandler"})
+#: Scrapy's own handlers that connect from this host: path -> what to say.
+NO_PROXY = {
+    f"{_HANDLERS}.ftp.FTPDownloadHandler": "Scrapy's FTP handler connects from this host's own IP",
+    f"{_HANDLERS}.s3.S3DownloadHandler": "Scrapy's S3 handler is not supported through the proxy pool",
+}
+#: Why a known handler is refused at start-up (the generic reason otherwise).
+UNKNOWN_REASONS = {H2: "it cannot download through a proxy (Scrapy raises NotImplementedError for any request "
+                       "with meta['proxy']): use HTTP11DownloadHandler"}
+DECLARE_SETTING = "PROXY_SHARD_PROXY_AWARE_HANDLERS"
+#: The scrapy-playwright context a lease binds a browser request to: this prefix + the proxy id.
+CONTEXT_PREFIX = "proxy-shard:"
+
+
+@dataclass(frozen=True)
+class Handler:
+    scheme: str
+    path: str  # as written in the settings (a class is given its dotted path)
+    kind: str  # proxy, playwright, local, no_proxy, unknown
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Route:
+    """How one request will be downloaded: ``proxy`` (through ``meta['proxy']``), ``browser``
+    (scrapy-playwright's browser, through its context), ``local`` (never leaves the host) or
+    ``refused`` (``reason`` says why)."""
+
+    kind: str
+    handler: str
+    reason: str = ""
+
+
+def _path_of(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    return f"{getattr(value, '__module__', '?')}.{getattr(value, '__qualname__', type(value).__name__)}"
+
+
+def _kind(path: str, declared: frozenset[str]) -> tuple[str, str]:
+    if path in declared or path in PROXY_AWARE:
+        return "proxy", ""
+    if path == PLAYWRIGHT:
+        return "playwright", ""
+    if path in LOCAL:
+        return "local", ""
+    if path in NO_PROXY:
+        return "no_proxy", NO_PROXY[path]
+    return "unknown", UNKNOWN_REASONS.get(path, "it is not known to send requests through meta['proxy']")
+
+
+def classify(value: Any, scheme: str, declared: frozenset[str]) -> Handler:
+    """The kind of handler ``value`` (a dotted path or a class) configured for ``scheme``."""
+    path = _path_of(value)
+    kind, reason = _kind(path, declared)
+    if kind == "unknown" and path not in UNKNOWN_REASONS:
+        try:  # a re-export of a known class under another name is that class
+            real = _path_of(load_object(value) if isinstance(value, str) else value)
+        except Exception:  # Scrapy reports an unloadable handler itself
+            real = path
+        if real != path:
+            kind, reason = _kind(real, declared)
+    return Handler(scheme, path, kind, reason)
+
+
+class HandlerMap:
+    """Scheme -> handler of one crawler, as Scrapy's downloader will load them."""
+
+    ATTRIBUTE = "_proxy_shard_handlers"
+
+    def __init__(self, settings: Any, declared: tuple[str, ...] = ()) -> None:
+        merged = settings.getwithbase("DOWNLOAD_HANDLERS")
+        known = frozenset(declared)
+        self.handlers: dict[str, Handler] = {
+            scheme: classify(value, scheme, known) for scheme, value in merged.items() if value is not None
+        }
+        self._startup_contexts = list(settings.getdict("PLAYWRIGHT_CONTEXTS") or {})
+
+    @classmethod
+    def for_crawler(cls, crawler: Any, declared: tuple[str, ...] = ()) -> HandlerMap:
+        found = getattr(crawler, cls.ATTRIBUTE, None)
+        if found is None:
+            found = cls(crawler.settings, declared)
+            setattr(crawler, cls.ATTRIBUTE, found)
+        return found
+
+    def check(self) -> None:
+        """Raise SettingError (one line) for the first handler the crawl must not start with."""
+        for handler in self.handlers.values():
+            if handler.kind == "unknown":
+                raise SettingError(
+                    f"DOWNLOAD_HANDLERS[{handler.scheme!r}] is {handler.path!r}: {handler.reason}, so its requests "
+                    f"could leave from this host's own IP; if it does use meta['proxy'], add it to {DECLARE_SETTING}"
+                )
+        if any(h.kind == "playwright" for h in self.handlers.values()):
+            for name in self._startup_contexts:
+                if str(name).startswith(CONTEXT_PREFIX):
+                    raise SettingError(f"PLAYWRIGHT_CONTEXTS defines {name!r}: names starting with "
+                                       f"{CONTEXT_PREFIX!r} are the contexts bound to leased proxies; rename it")
+
+    def route(self, request: Request) -> Route:
+        scheme = urlparse_cached(request).scheme
+        handler = self.handlers.get(scheme)
+        if handler is None:
+            return Route("refused", "", f"no download handler is enabled for scheme {scheme!r}")
+        if handler.kind == "proxy":
+            return Route("proxy", handler.path)
+        if handler.kind == "playwright":
+            return Route("browser" if request.meta.get("playwright") else "proxy", handler.path)
+        if handler.kind == "local":
+            return Route("local", handler.path)
+        return Route("refused", handler.path, f"{handler.reason} ({handler.path})")
+
+
+def context_name(proxy_id: str) -> str:
+    """The scrapy-playwright context bound to a proxy: one per proxy, never shared with another."""
+    return f"{CONTEXT_PREFIX}{proxy_id}"
