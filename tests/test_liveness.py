@@ -142,3 +142,38 @@ def test_liveness_raises_only_for_a_firm_wait_past_the_deadline():
     exc = asyncio.run(go())
     assert isinstance(exc, NoProxyAvailable) and exc.pool == POOL and exc.site == SITE and exc.reason == "pool"
     assert "cannot serve site 'a.example' before" in str(exc) and "PROXY_SHARD_MAX_WAIT 3s" in str(exc)
+
+
+def test_an_exhausted_site_closes_the_crawl_only_when_this_host_serves_nothing_else():
+    """Another site in flight or waiting for a busy slot keeps the crawl going (its requests fail
+    fast, counted); once nothing else is served, the next exhausted failure closes the crawl."""
+    class Request:
+        url = "http://a.example/1"
+
+    async def go():
+        held = [1]
+        stats = _Stats()
+        live = Liveness(object(), stats, 3.0, lambda: len(held))
+        now = asyncio.get_running_loop().time()
+
+        def fail():
+            try:
+                live.check(POOL, SITE, LeaseWait(600.0, "pool", True), now + 3)
+            except PoolExhausted as exc:
+                return live.failed(Request(), exc)
+            raise AssertionError("no PoolExhausted")
+
+        live.enter(POOL, SITE)
+        assert isinstance(fail(), PoolExhausted) and not live.closing  # a lease of this host is in flight
+        held.clear()
+        live.enter(POOL, "b.example")  # a request waits for a busy slot of another site
+        assert isinstance(fail(), PoolExhausted) and not live.closing
+        live.leave(POOL, "b.example")
+        live.leased(POOL, "b.example")  # ... and got it a moment ago: its site is still being crawled
+        assert isinstance(fail(), PoolExhausted) and not live.closing
+        live._last_lease -= 2.0
+        assert isinstance(fail(), PoolExhausted) and live.closing  # nothing else served: close (no engine here)
+        return stats.values
+
+    values = asyncio.run(go())
+    assert values["proxy_shard/exhausted"] == 4 and values["proxy_shard/exhausted/closed"] == f"{POOL}/{SITE}"

@@ -32,6 +32,7 @@ from scrapy_proxy_shard.exceptions import (
     NoProxyAvailable,
     PoolBackendError,
     PoolBusy,
+    PoolExhausted,
     ProxyShardError,
     SettingError,
     UnknownPoolError,
@@ -512,7 +513,13 @@ class ShardRuntime:
                 return result
             if session_id is None:
                 self._note_exhausted(pool, site)
-            self.liveness.check(pool, site, result, deadline)  # no slot can free in time: fail at once
+            try:
+                self.liveness.check(pool, site, result, deadline)  # no slot can free in time: fail at once
+            except PoolExhausted:
+                self.stats.inc_value(f"{STATS}/wait/gave_up")
+                if result.reason == "breaker":
+                    self.stats.inc_value(f"{STATS}/breaker/waits")  # held back by an open breaker
+                raise
             if loop.time() >= deadline:
                 self.stats.inc_value(f"{STATS}/wait/gave_up")
                 raise NoProxyAvailable(
