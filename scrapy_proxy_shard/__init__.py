@@ -10,10 +10,12 @@ from scrapy_proxy_shard.engine.store import AsyncPoolStore, Lease, LeaseWait, Po
 from scrapy_proxy_shard.exceptions import (
     NoProxyAvailable,
     PoolBackendError,
+    PoolExhausted,
     PoolUnreachable,
     ProxyBanned,
     ProxyShardError,
     ProxyURLError,
+    RequestKept,
     SettingError,
     UnknownPoolError,
 )
@@ -28,6 +30,7 @@ __all__ = [
     "NoProxyAvailable",
     "PoolBackend",
     "PoolBackendError",
+    "PoolExhausted",
     "PoolStore",
     "PoolUnreachable",
     "Proxy",
@@ -35,6 +38,7 @@ __all__ = [
     "ProxyShardError",
     "ProxyURLError",
     "ReleaseResult",
+    "RequestKept",
     "SettingError",
     "ShardSettings",
     "UnknownPoolError",

@@ -12,6 +12,10 @@ The tree::
     │       └── PoolBusy             Redis kept answering BUSY (a slow script) or LOADING (a restart
     │                                loading its dataset) past the store's wait: a stall, not an outage
     ├── NoProxyAvailable             no proxy became free within the wait limit
+    │   └── PoolExhausted            no proxy can serve the site before the wait limit ends (every
+    │                                proxy quarantined or resting there, nothing in use): failed at once
+    ├── RequestKept (IgnoreRequest)  a request that could not get a proxy while the crawl closed for
+    │                                proxy_pool_exhausted, put back in JOBDIR's queue for the next run
     ├── InvalidSessionId (IgnoreRequest) meta['session_id'] is not a usable session id (that request
     │                                fails to its errback; it never shares a session by accident)
     └── ProxyBanned (IgnoreRequest)  a request was banned through every proxy its retry budget allowed
@@ -79,6 +83,20 @@ class PoolBusy(PoolUnreachable):
 
 class NoProxyAvailable(ProxyShardError):
     """No proxy of the pool became free for the site within the wait limit."""
+
+
+class PoolExhausted(NoProxyAvailable):
+    """No proxy of the pool can serve the site before the request's wait limit ends: the engine said
+    when the earliest slot frees and that nothing in use can free one sooner (crawl/liveness.py)."""
+
+    def __init__(self, message: str, *, pool: str, site: str, until: float, reason: str) -> None:
+        super().__init__(message)
+        self.pool, self.site, self.until, self.reason = pool, site, until, reason
+
+
+class RequestKept(ProxyShardError, IgnoreRequest):
+    """The crawl closed because no proxy could serve its sites (``proxy_pool_exhausted``): this request
+    was not sent and was put back in the scheduler's ``JOBDIR`` queue, so the next run sends it."""
 
 
 class InvalidSessionId(ProxyShardError, IgnoreRequest):

@@ -21,6 +21,7 @@ from scrapy.utils.httpobj import urlparse_cached
 from scrapy_proxy_shard import signals as shard_signals
 from scrapy_proxy_shard.crawl.arrival import ArrivalGuard
 from scrapy_proxy_shard.crawl.health import HostMonitor
+from scrapy_proxy_shard.crawl.liveness import Liveness
 from scrapy_proxy_shard.crawl.logstats import INTERVAL_STAT
 from scrapy_proxy_shard.crawl.startup import StartupGate, check_eviction
 from scrapy_proxy_shard.engine.breaker import BreakerEvent
@@ -31,6 +32,7 @@ from scrapy_proxy_shard.exceptions import (
     NoProxyAvailable,
     PoolBackendError,
     PoolBusy,
+    PoolExhausted,
     ProxyShardError,
     SettingError,
     UnknownPoolError,
@@ -143,6 +145,8 @@ class ShardRuntime:
         self._lost_pools: set[str] = set()  # pools found empty after they held proxies (warned once)
         self._exhausted: set[tuple[str, str]] = set()  # (pool, site) whose last ask here got a wait
         self._monitor: HostMonitor | None = None  # heartbeats + pool log line (health.py)
+        #: Fails a request at once when no proxy can serve its site in time; closes an exhausted crawl.
+        self.liveness = Liveness(crawler, self.stats, settings.max_wait, lambda: len(self._held))
         self.open_error: ProxyShardError | None = None
 
     @classmethod
@@ -271,6 +275,7 @@ class ShardRuntime:
         """Give back every lease still held, then close the Redis connection."""
         if self._stopping is not None:
             self._stopping.set()
+        self.liveness.spider_closed(reason)
         leases, self._held = list(self._held.values()), {}
         self._inflight.clear()
         released = 0
@@ -382,7 +387,8 @@ class ShardRuntime:
 
         The wait is bounded by ``PROXY_SHARD_MAX_WAIT`` from the moment the request first asked,
         time spent queued behind other requests of the site (the gate) included, and it ends at once
-        when the crawl stops (the request fails; it is never sent without a proxy).
+        when the crawl stops (the request fails; it is never sent without a proxy). A wait that cannot
+        end in a lease before that limit fails at once (``PoolExhausted``, see liveness.py).
         """
         loop = asyncio.get_running_loop()
         asked = loop.time()
@@ -392,6 +398,7 @@ class ShardRuntime:
         gate = self._gate(key)
         slot = self._download_slot(request)
         self.asking[slot] = self.asking.get(slot, 0) + 1
+        self.liveness.enter(pool, site)
         try:
             result = None
             if session_id is None and (pool, site) not in self._exhausted and not self._gate.idle(key):
@@ -411,12 +418,16 @@ class ShardRuntime:
                     await gate.__aexit__(None, None, None)
             if self._lost_pools or pool not in self._served_pools:  # a pool back, or first seen now
                 self._pool_back(pool)
+        except NoProxyAvailable as exc:
+            raise self.liveness.failed(request, exc) from None
         finally:
+            self.liveness.leave(pool, site)
             left = self.asking[slot] - 1
             if left:
                 self.asking[slot] = left
             else:
                 del self.asking[slot]
+        self.liveness.leased(pool, site)
         waited = loop.time() - asked
         if waited > MIN_PAUSE:
             self.stats.inc_value(f"{STATS}/wait_time", waited)
@@ -502,6 +513,13 @@ class ShardRuntime:
                 return result
             if session_id is None:
                 self._note_exhausted(pool, site)
+            try:
+                self.liveness.check(pool, site, result, deadline)  # no slot can free in time: fail at once
+            except PoolExhausted:
+                self.stats.inc_value(f"{STATS}/wait/gave_up")
+                if result.reason == "breaker":
+                    self.stats.inc_value(f"{STATS}/breaker/waits")  # held back by an open breaker
+                raise
             if loop.time() >= deadline:
                 self.stats.inc_value(f"{STATS}/wait/gave_up")
                 raise NoProxyAvailable(

@@ -100,10 +100,13 @@ class LeaseWait:
     ``wait`` is its expiry, but a release may come sooner, see ``wait_for_release``), ``session``
     (a sticky session's own proxy is in use or pacing), ``breaker`` (the site's circuit breaker is
     open: ``wait`` until probing starts; or half-open with its probe in flight: ``wait`` until the
-    probe's lease expires, a release may come sooner)."""
+    probe's lease expires, a release may come sooner). ``firm``: nothing but an operator's unban or
+    add can free a slot sooner (no slot of the site is held, or the breaker is open): a request whose
+    wait limit ends first may give up at once (crawl/liveness.py)."""
 
     wait: float
     reason: str
+    firm: bool = False
 
 
 @dataclass(frozen=True)
@@ -496,7 +499,7 @@ class _StoreBase:
             return Lease(pool, site, reply[1], reply[2], reply[3], reply[4], int(reply[5]) / 1000,
                          int(reply[6]) / 1000, session_id, bool(int(reply[8])))
         if status == "WAIT":
-            return LeaseWait(int(reply[1]) / 1000, reply[2])
+            return LeaseWait(int(reply[1]) / 1000, reply[2], len(reply) > 3 and int(reply[3]) == 1)
         if status == "EMPTY":
             raise UnknownPoolError(
                 f"pool {pool!r} (namespace {self.namespace!r}) holds no proxies: load some first "

@@ -535,6 +535,7 @@ local function breaker_gate(site, now)
   local b = redis.call('HMGET', K_BREAKER, 'st', 'until', 'used', 'probes', 'ptok', 'pexp')
   if not b[1] then return nil, false end
   local wait = nil
+  local firm = true  -- open: no release ends it before probing starts (see lease.lua's firm WAIT)
   if b[1] == 'open' then
     local until_ms = tonumber(b[2]) or 0
     if now < until_ms then
@@ -546,12 +547,14 @@ local function breaker_gate(site, now)
   end
   if not wait and b[5] ~= '' and (tonumber(b[6]) or 0) > now then
     wait = tonumber(b[6]) - now  -- one probe at a time
+    firm = false  -- its release may come sooner
   end
   if not wait and (tonumber(b[3]) or 0) >= (tonumber(b[4]) or 1) then
     wait = breaker_reopen(site, now)  -- a round of probes came back without a verdict
   end
   if wait then
     redis.call('SET', K_WAITING, '1', 'PX', 6000)
+    if firm then return {'WAIT', math.max(1, wait), 'breaker', 1}, false end
     return {'WAIT', math.max(1, wait), 'breaker'}, false
   end
   return nil, true

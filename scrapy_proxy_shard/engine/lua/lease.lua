@@ -14,14 +14,18 @@
 --   {"OK", id, url, member, token, expires_ms, now_ms, session_flag, rebound_flag}
 --        session_flag 1: the lease is a use of a sticky session; rebound_flag 1: the session's
 --        previous proxy was banned, dead or removed and the session now has this new proxy
---   {"WAIT", wait_ms, reason}  nothing usable now; wait_ms until the earliest slot frees up.
+--   {"WAIT", wait_ms, reason[, 1]}  nothing usable now; wait_ms until the earliest slot frees up.
+--        A fourth element 1 (firm): nothing on the site can free sooner (no slot is held, so no
+--        release can come; the site has learnt every proxy): only an operator's unban or add can,
+--        so a caller whose deadline comes first may give up at once (crawl/liveness.py).
 --        reason "pool": the earliest slot is cooling or quarantined: it frees exactly then;
 --        "held": the earliest slot is leased: wait_ms is its lease expiry, but a release may free
 --        it sooner (callers block on P:freed:<site> for at most wait_ms);
 --        "session": the session's own proxy is in use or inside its pacing interval;
---        "breaker": the site's circuit breaker is open (wait_ms until probing starts) or half-open
+--        "breaker": the site's circuit breaker is open (wait_ms until probing starts; firm) or half-open
 --        with its probe in flight (wait_ms until the probe lease expires; a release may come sooner)
---   {"EMPTY"}  the pool holds no proxies
+--   {"EMPTY"}  the pool holds no proxies (P:order is empty). A site whose ready set was lost while its
+--        hash survived (eviction, a partial restore) learns the pool again instead: never EMPTY then
 --   {"MIGRATE"}  the pool was written by an older version: run PoolStore.migrate, then ask again
 -- Never OK without a URL: a ready member whose proxy is missing from P:proxies (removed, or lost by
 -- eviction or a failover while its site survived) is dropped, and one whose proxy is quarantined
@@ -72,6 +76,22 @@ if redis.call('EXISTS', K_BREAKER) == 1 then  -- no key: closed (the breaker hel
   --@lazy breaker_gate
   breaker_wait, probing = breaker_gate(site, now)
   if breaker_wait then return breaker_wait end
+end
+
+-- Whether some slot of the site is held now (a live lease or sticky session record in K_SITE): its
+-- release may free a slot before the earliest ready score. A site hash of more than HELD_SCAN fields
+-- counts as held unread (the WAIT stays a plain one): the check is bounded.
+local HELD_SCAN = 66
+local function any_held(at)
+  local n = redis.call('HLEN', K_SITE)
+  if n <= 2 then return false end  -- 'c' and 'seq' only
+  if n > HELD_SCAN then return true end
+  local h = redis.call('HGETALL', K_SITE)
+  for i = 1, #h, 2 do
+    local f = h[i]
+    if f ~= 'c' and f ~= 'seq' and string.sub(f, -1) ~= '^' and live_record(h[i + 1], at) then return true end
+  end
+  return false
 end
 
 local function count_lease(id)
@@ -127,6 +147,13 @@ end
 
 local _, built = ensure_site(site, concurrency, now, pool_seq)
 local found = redis.call('ZRANGEBYSCORE', ready, '-inf', now, 'LIMIT', 0, 1)
+if #found == 0 and built and redis.call('EXISTS', ready) == 0 then
+  -- The site's ready set is gone while its hash says every proxy was learnt (the set was evicted, or
+  -- a partial restore brought back one key and not the other): learn the pool again from the start
+  -- (learn() keeps each slot's live held record and quarantines), never answer EMPTY for it.
+  redis.call('HSET', K_SITE, 'seq', 0)
+  built = false
+end
 if #found == 0 and not built then  -- still learning: the free ones may be unlearnt: one more page
   _, built = ensure_site(site, concurrency, now, pool_seq)
   found = redis.call('ZRANGEBYSCORE', ready, '-inf', now, 'LIMIT', 0, 1)
@@ -163,6 +190,7 @@ if #found == 0 then
   if wait < 1 then wait = 1 end
   redis.call('SET', K_WAITING, '1', 'PX', 6000)
   if live_record(redis.call('HGET', K_SITE, first[1]), now) then return {'WAIT', wait, 'held'} end
+  if built and not any_held(now) then return {'WAIT', wait, 'pool', 1} end
   return {'WAIT', wait, 'pool'}
 end
 

@@ -1,0 +1,179 @@
+"""Liveness, not only safety (issue 19, item 6).
+
+(a) A request whose site no proxy can serve before its wait limit ends (every proxy quarantined or
+resting there, nothing in use; or the site's breaker open past it) fails at once instead of waiting
+the whole PROXY_SHARD_MAX_WAIT, and a crawl that can serve nothing closes with reason
+``proxy_pool_exhausted``, keeping its requests in JOBDIR. A wait for slots *in use* never fails early.
+(b) A site whose ready set was lost (eviction, a partial restore) while the pool still holds its
+proxies is rebuilt from the pool instead of answering "holds no proxies".
+
+The engine tests run against fakeredis, each redis-server line and the Redis Cluster (``backend``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from scrapy_proxy_shard.crawl.liveness import Liveness
+from scrapy_proxy_shard.engine import schema
+from scrapy_proxy_shard.engine.proxies import proxy_id
+from scrapy_proxy_shard.engine.store import Lease, LeaseWait
+from scrapy_proxy_shard.exceptions import NoProxyAvailable, PoolExhausted
+
+POOL = "main"
+URLS = ["http://10.0.0.1:8000", "http://10.0.0.2:8000", "http://user:Pa55word@10.0.0.3:8000"]
+SITE = "a.example"
+
+
+def _ids(store, urls):
+    return [proxy_id(url) for url in urls]
+
+
+def _lease(store, site=SITE, **kw):
+    kw.setdefault("ttl", 60)
+    return store.lease(POOL, site, **kw)
+
+
+# --- (a) the engine says when a wait is firm ---------------------------------------------------------
+def test_a_wait_on_quarantined_slots_with_nothing_in_use_is_firm(store):
+    store.add_proxies(POOL, URLS[:2])
+    for pid in _ids(store, URLS[:2]):
+        store.ban(POOL, pid, site=SITE, ttl=600)
+    wait = _lease(store)
+    assert isinstance(wait, LeaseWait) and wait.reason == "pool" and wait.firm, wait
+    assert 590 < wait.wait <= 600
+    other = _lease(store, "b.example")  # another site is served by the same proxies
+    assert isinstance(other, Lease)
+
+
+def test_a_wait_with_a_slot_in_use_is_never_firm_even_when_the_earliest_slot_rests(store):
+    """The earliest slot is quarantined (60 s) and the other is leased with a longer TTL (120 s): a
+    'pool' wait, but that lease's release may free its slot at any moment."""
+    store.add_proxies(POOL, URLS[:2])
+    held = _lease(store, ttl=120)
+    assert isinstance(held, Lease)
+    other = next(pid for pid in _ids(store, URLS[:2]) if pid != held.proxy_id)
+    store.ban(POOL, other, site=SITE, ttl=60)
+    wait = _lease(store)
+    assert isinstance(wait, LeaseWait) and wait.reason == "pool" and not wait.firm, wait
+    assert 50 < wait.wait <= 60
+    store.release(held)
+    assert isinstance(_lease(store), Lease)  # the release freed it long before either time
+
+
+def test_a_wait_for_slots_in_use_is_not_firm(store):
+    store.add_proxies(POOL, URLS[:1])
+    assert isinstance(_lease(store, ttl=600), Lease)
+    wait = _lease(store)
+    assert isinstance(wait, LeaseWait) and wait.reason == "held" and not wait.firm, wait
+
+
+def test_a_pacing_wait_with_nothing_in_use_is_firm_and_short(store):
+    store.add_proxies(POOL, URLS[:1])
+    store.release(_lease(store), min_interval=5.0)
+    wait = _lease(store)
+    assert isinstance(wait, LeaseWait) and wait.reason == "pool" and wait.firm and wait.wait <= 5.0, wait
+
+
+def test_an_open_breaker_wait_is_firm_and_its_probe_in_flight_is_not(store, backend):
+    store.add_proxies(POOL, URLS[:2])
+    prefix = store.prefix(POOL)
+    now_ms = int(time.time() * 1000)
+    key = schema.breaker_key(prefix, SITE)
+    backend.hset(key, mapping={"st": "open", "until": now_ms + 600_000, "cool": 600_000, "maxc": 600_000,
+                               "probes": 3, "used": 0, "ptok": "", "pexp": 0})
+    wait = _lease(store)
+    assert isinstance(wait, LeaseWait) and wait.reason == "breaker" and wait.firm, wait
+    backend.hset(key, mapping={"st": "half", "until": 0, "ptok": "probe-token", "pexp": now_ms + 600_000})
+    wait = _lease(store)
+    assert isinstance(wait, LeaseWait) and wait.reason == "breaker" and not wait.firm, wait
+
+
+# --- (b) a lost ready set is rebuilt from the pool -----------------------------------------------------
+def test_a_site_whose_ready_set_was_lost_is_rebuilt_from_the_pool(store, backend):
+    store.add_proxies(POOL, URLS)
+    first = _lease(store)
+    assert isinstance(first, Lease)
+    store.release(first)
+    backend.delete(schema.site_part(store.prefix(POOL), schema.READY, SITE))  # evicted, or not restored
+    got = {_lease(store).proxy_id for _ in range(3)}
+    assert got == set(_ids(store, URLS))
+    assert isinstance(_lease(store), LeaseWait)
+
+
+def test_a_rebuilt_site_keeps_its_held_slots_and_quarantines(store, backend):
+    store.add_proxies(POOL, URLS)
+    held = _lease(store, ttl=600)
+    banned = next(pid for pid in _ids(store, URLS) if pid != held.proxy_id)
+    store.ban(POOL, banned, site=SITE, ttl=600)
+    backend.delete(schema.site_part(store.prefix(POOL), schema.READY, SITE))
+    free = _lease(store)
+    assert isinstance(free, Lease) and free.proxy_id not in (held.proxy_id, banned)
+    wait = _lease(store)
+    assert isinstance(wait, LeaseWait) and not wait.firm  # the held slot is still held: never handed out
+
+
+# --- the runtime: fail at once on a firm wait past the deadline, wait on a busy one -------------------
+class _Stats:
+    def __init__(self) -> None:
+        self.values: dict[str, object] = {}
+
+    def inc_value(self, key, n=1):
+        self.values[key] = self.values.get(key, 0) + n
+
+    def set_value(self, key, value):
+        self.values[key] = value
+
+
+def test_liveness_raises_only_for_a_firm_wait_past_the_deadline():
+    async def go():
+        live = Liveness(object(), _Stats(), 3.0, lambda: 0)
+        now = asyncio.get_running_loop().time()
+        live.check(POOL, SITE, LeaseWait(600.0, "held"), now + 3)  # busy: a release may come
+        live.check(POOL, SITE, LeaseWait(600.0, "pool"), now + 3)  # not firm
+        live.check(POOL, SITE, LeaseWait(1.0, "pool", True), now + 3)  # firm, within the limit
+        with pytest.raises(PoolExhausted) as info:
+            live.check(POOL, SITE, LeaseWait(600.0, "pool", True), now + 3)
+        return info.value
+
+    exc = asyncio.run(go())
+    assert isinstance(exc, NoProxyAvailable) and exc.pool == POOL and exc.site == SITE and exc.reason == "pool"
+    assert "cannot serve site 'a.example' before" in str(exc) and "PROXY_SHARD_MAX_WAIT 3s" in str(exc)
+
+
+def test_an_exhausted_site_closes_the_crawl_only_when_this_host_serves_nothing_else():
+    """Another site in flight or waiting for a busy slot keeps the crawl going (its requests fail
+    fast, counted); once nothing else is served, the next exhausted failure closes the crawl."""
+    class Request:
+        url = "http://a.example/1"
+
+    async def go():
+        held = [1]
+        stats = _Stats()
+        live = Liveness(object(), stats, 3.0, lambda: len(held))
+        now = asyncio.get_running_loop().time()
+
+        def fail():
+            try:
+                live.check(POOL, SITE, LeaseWait(600.0, "pool", True), now + 3)
+            except PoolExhausted as exc:
+                return live.failed(Request(), exc)
+            raise AssertionError("no PoolExhausted")
+
+        live.enter(POOL, SITE)
+        assert isinstance(fail(), PoolExhausted) and not live.closing  # a lease of this host is in flight
+        held.clear()
+        live.enter(POOL, "b.example")  # a request waits for a busy slot of another site
+        assert isinstance(fail(), PoolExhausted) and not live.closing
+        live.leave(POOL, "b.example")
+        live.leased(POOL, "b.example")  # ... and got it a moment ago: its site is still being crawled
+        assert isinstance(fail(), PoolExhausted) and not live.closing
+        live._last_lease -= 2.0
+        assert isinstance(fail(), PoolExhausted) and live.closing  # nothing else served: close (no engine here)
+        return stats.values
+
+    values = asyncio.run(go())
+    assert values["proxy_shard/exhausted"] == 4 and values["proxy_shard/exhausted/closed"] == f"{POOL}/{SITE}"
