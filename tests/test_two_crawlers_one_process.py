@@ -139,3 +139,65 @@ def test_two_spiders_in_one_process_through_a_redis_outage(tmp_path, stack):
     assert all(entered), (entered, report)  # both crawlers used the local engine
     assert found["overlaps"] == 0 and found["direct"] == 0 and found["missing"] == 0, report
     assert len(_hosts_named(log)) == 2, _hosts_named(log)
+
+
+def _shop(tmp_path: Path, name: str, redis_url: str, *settings: str) -> tuple[subprocess.Popen, Path]:
+    log = tmp_path / f"{name}.log"
+    cmd = [sys.executable, "-m", "scrapy", "crawl", "shop", "-a", "pages=40", "-a", "flows=0",
+           "-a", f"sites={','.join(SITES)}", "-s", "PROXY_SHARD_HOST_ID=worker-1",
+           "-s", "PROXY_SHARD_HEARTBEAT_INTERVAL=0.5", "-s", "PROXY_SHARD_HOST_TTL=3", *settings,
+           "--logfile", str(log)]
+    proc = subprocess.Popen(cmd, cwd=PROJECT, env={**os.environ, "PROXY_SHARD_REDIS_URL": redis_url},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    return proc, log
+
+
+def _wait_for(path: Path, text: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and text in path.read_text():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{text!r} not in {path} within {timeout}s")
+
+
+def test_a_live_duplicate_host_id_is_refused_and_a_crashed_ones_is_taken_over(tmp_path, stack):
+    """Process A crawls as 'worker-1'; B started with the same id stops at open (one line, exit 1,
+    A untouched); A is then SIGKILLed and C, started at once with the id, waits for A's heartbeat to
+    expire (host TTL 3 s) and crawls."""
+    _config, _site_log, manifest = stack
+    server = RedisServer().start()
+    a = None
+    try:
+        store = PoolStore(redis.Redis.from_url(server.url, decode_responses=True), namespace=NAMESPACE,
+                          host_id="loader")
+        _load_pools(store, manifest)
+        a, a_log = _shop(tmp_path, "a", server.url, "-s", "PROXY_SHARD_MIN_INTERVAL=2")
+        _wait_for(a_log, "proxy_shard: engine ")
+        started = time.monotonic()
+        b, b_log = _shop(tmp_path, "b", server.url)
+        assert b.wait(timeout=60) == 1
+        refused_after = time.monotonic() - started
+        b_text = b_log.read_text()
+        errors = [line for line in b_text.splitlines() if "] ERROR: " in line]
+        assert len(errors) == 1, b_text[-3000:]
+        assert ("cannot start: PROXY_SHARD_HOST_ID 'worker-1' is in use by another live process" in errors[0]
+                and "give every process its own id" in errors[0]), errors
+        assert "Traceback" not in b_text and "Spider closed (proxy_shard_error)" in b_text
+        assert "worker-1" in {h.host for h in store.hosts("datacenter")} and a.poll() is None  # A still runs
+        a.kill()
+        a.wait(timeout=10)
+        killed = time.monotonic()
+        c, c_log = _shop(tmp_path, "c", server.url, "-a", "pages=6")
+        assert c.wait(timeout=90) == 0, c_log.read_text()[-3000:]
+        c_text = c_log.read_text()
+        assert "taken over: the previous process stopped heartbeating" in c_text, c_text[-3000:]
+        assert "Spider closed (finished)" in c_text
+        store.client.close()
+    finally:
+        if a is not None and a.poll() is None:
+            a.kill()
+            a.wait(timeout=10)
+        server.stop()
+    # figures for the report
+    print(f"refused after {refused_after:.1f}s; taken over, C finished {time.monotonic() - killed:.1f}s after the kill")
