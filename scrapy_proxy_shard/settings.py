@@ -69,7 +69,7 @@ DEFAULTS: dict[str, Any] = {
     "PROXY_SHARD_REDIS_CLIENT": None,  # an asyncio client, or a callable making one, instead of the URL
     "PROXY_SHARD_NAMESPACE": "proxy_shard",
     "PROXY_SHARD_POOL": "default",
-    "PROXY_SHARD_HOST_ID": None,  # default "<hostname>:<pid>"
+    "PROXY_SHARD_HOST_ID": None,  # default "<hostname>:<pid>" (":<n>" added for the n-th crawler of a process)
     "PROXY_SHARD_LEASE_TTL": None,  # default max(60, DOWNLOAD_TIMEOUT + 30) seconds
     "PROXY_SHARD_MAX_WAIT": 60.0,
     "PROXY_SHARD_SITE_CONCURRENCY": 1,

@@ -10,6 +10,8 @@ bumped inside the lease and release scripts that run anyway, and everything else
 once per interval.
 
 A clean close leaves at once (``host_leave.lua``); a crashed process ages out after its host TTL.
+Every ``PROXY_SHARD_LOGSTATS_INTERVAL`` the monitor also writes the log line of ``logstats.py``
+from the last beats.
 
 Host ids are unique per crawler by default (``settings.crawler_host_id``). Each beat carries the
 process's instance token (``modes/process.py``): when a crawl opens, a live record of its host id
@@ -17,8 +19,6 @@ holding another token — another process configured with the same ``PROXY_SHARD
 on until it expires (a restart right after a crash: the dead process's record outlives it by up to its
 host TTL) and refused as soon as that record beats again (a live duplicate): one line, exit code 1.
 Crawlers of one process given the same id are one host on purpose (they share its engines).
-Every ``PROXY_SHARD_LOGSTATS_INTERVAL`` the monitor also writes the log line of ``logstats.py``
-from the last beats.
 """
 
 from __future__ import annotations
