@@ -81,6 +81,16 @@ class PoolBusy(PoolUnreachable):
         self.waited = waited
 
 
+class HostIdTaken(ProxyShardError):
+    """Another live process heartbeats in ``pool`` under this host id (another instance token).
+
+    ``alive_until`` / ``last_beat``: that record's expiry and last heartbeat (seconds, Redis clock)."""
+
+    def __init__(self, host_id: str, pool: str, alive_until: float, last_beat: float) -> None:
+        super().__init__(f"host id {host_id!r} is in use in pool {pool!r} by another live process")
+        self.host_id, self.pool, self.alive_until, self.last_beat = host_id, pool, alive_until, last_beat
+
+
 class NoProxyAvailable(ProxyShardError):
     """No proxy of the pool became free for the site within the wait limit."""
 

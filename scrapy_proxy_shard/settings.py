@@ -11,6 +11,7 @@ settings tables are checked against it (tests/test_settings_table.py). A bad val
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import re
 import socket
@@ -68,7 +69,7 @@ DEFAULTS: dict[str, Any] = {
     "PROXY_SHARD_REDIS_CLIENT": None,  # an asyncio client, or a callable making one, instead of the URL
     "PROXY_SHARD_NAMESPACE": "proxy_shard",
     "PROXY_SHARD_POOL": "default",
-    "PROXY_SHARD_HOST_ID": None,  # default "<hostname>:<pid>"
+    "PROXY_SHARD_HOST_ID": None,  # default "<hostname>:<pid>" (":<n>" added for the n-th crawler of a process)
     "PROXY_SHARD_LEASE_TTL": None,  # default max(60, DOWNLOAD_TIMEOUT + 30) seconds
     "PROXY_SHARD_MAX_WAIT": 60.0,
     "PROXY_SHARD_SITE_CONCURRENCY": 1,
@@ -342,13 +343,14 @@ class ShardSettings:
         A bad value raises ``SettingError`` on every call, so each caller reports the same cause."""
         parsed = getattr(crawler, cls.ATTRIBUTE, None)
         if parsed is None:
-            parsed = cls.from_settings(crawler.settings)
+            parsed = cls.from_settings(crawler.settings, default_host=crawler_host_id)
             setattr(crawler, cls.ATTRIBUTE, parsed)
         return parsed
 
     @classmethod
-    def from_settings(cls, settings: Any) -> ShardSettings:
-        """Parse a Scrapy Settings object or a plain mapping."""
+    def from_settings(cls, settings: Any, *, default_host: Callable[[], str] | None = None) -> ShardSettings:
+        """Parse a Scrapy Settings object or a plain mapping. ``default_host`` makes the host id when
+        ``PROXY_SHARD_HOST_ID`` is not set (``default_host_id``; crawls: ``crawler_host_id``)."""
         s = _settings(settings)
         get = _getter(s)
         lease_ttl_raw = get("PROXY_SHARD_LEASE_TTL")
@@ -360,7 +362,7 @@ class ShardSettings:
         redis_url = get("PROXY_SHARD_REDIS_URL") or get("REDIS_URL") or None
         if redis_url is not None and not isinstance(redis_url, str):
             raise SettingError(f"PROXY_SHARD_REDIS_URL ({mask(redis_url)!r}) must be a redis:// URL string")
-        host_id = get("PROXY_SHARD_HOST_ID") or default_host_id()
+        host_id = get("PROXY_SHARD_HOST_ID") or (default_host or default_host_id)()
         if not isinstance(host_id, str) or not host_id.strip() or "|" in host_id:
             raise SettingError(f"PROXY_SHARD_HOST_ID ({host_id!r}) must be a non-empty string without '|'")
         min_interval = _number(get, "PROXY_SHARD_MIN_INTERVAL", minimum=0.0, maximum=MAX_INTERVAL)
@@ -470,6 +472,17 @@ def _parsed_defaults() -> ShardSettings:
 def default_host_id() -> str:
     """``hostname:pid``: unique per Scrapy process on a cluster, readable in status output."""
     return f"{socket.gethostname()}:{os.getpid()}"
+
+
+_crawlers_seen = itertools.count(1)
+
+
+def crawler_host_id() -> str:
+    """The default host id of a crawler: ``hostname:pid`` for the first crawler of the process,
+    ``hostname:pid:<n>`` for the n-th (several crawlers in one process are several hosts: their
+    fallback slices and heartbeats are their own; docs/failure-model.md)."""
+    n = next(_crawlers_seen)
+    return default_host_id() if n == 1 else f"{default_host_id()}:{n}"
 
 
 # --- parsing helpers: each names the setting and the bad value ---------------------------------

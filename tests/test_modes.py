@@ -21,6 +21,7 @@ from scrapy_proxy_shard.middlewares import ProxyShardMiddleware
 from scrapy_proxy_shard.modes.factory import build_store
 from scrapy_proxy_shard.modes.fallback import FallbackPoolStore
 from scrapy_proxy_shard.modes.pools import initial_proxies
+from scrapy_proxy_shard.modes.process import SharedEngineStore
 from scrapy_proxy_shard.settings import ShardSettings
 
 PROXIES = [f"http://10.7.0.{i}:3128" for i in range(1, 13)]
@@ -208,7 +209,8 @@ def _stores() -> list:
 
 def test_every_store_the_factory_builds_implements_the_declared_interface():
     built = _stores()
-    assert [type(s) for s in built] == [AsyncPoolStore, FallbackPoolStore, AsyncPoolStore]
+    assert [type(s) for s in built] == [SharedEngineStore, FallbackPoolStore, AsyncPoolStore]
+    assert issubclass(SharedEngineStore, AsyncPoolStore)  # the embedded engine: a store on the process's server
     assert {"lease", "release", "start_offline", "snapshot_proxies", "fallback_state", "heartbeat"} <= set(_interface())
     for store in built:
         assert isinstance(store, PoolBackend)

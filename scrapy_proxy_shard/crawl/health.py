@@ -12,6 +12,13 @@ once per interval.
 A clean close leaves at once (``host_leave.lua``); a crashed process ages out after its host TTL.
 Every ``PROXY_SHARD_LOGSTATS_INTERVAL`` the monitor also writes the log line of ``logstats.py``
 from the last beats.
+
+Host ids are unique per crawler by default (``settings.crawler_host_id``). Each beat carries the
+process's instance token (``modes/process.py``): when a crawl opens, a live record of its host id
+holding another token — another process configured with the same ``PROXY_SHARD_HOST_ID`` — is waited
+on until it expires (a restart right after a crash: the dead process's record outlives it by up to its
+host TTL) and refused as soon as that record beats again (a live duplicate): one line, exit code 1.
+Crawlers of one process given the same id are one host on purpose (they share its engines).
 """
 
 from __future__ import annotations
@@ -26,7 +33,8 @@ from typing import Any
 
 from scrapy_proxy_shard.crawl.logstats import PoolLogStats
 from scrapy_proxy_shard.engine.store import Beat, PoolBackend
-from scrapy_proxy_shard.exceptions import ProxyShardError
+from scrapy_proxy_shard.exceptions import HostIdTaken, ProxyShardError, SettingError
+from scrapy_proxy_shard.modes.process import INSTANCE_TOKEN, join_host, leave_host
 from scrapy_proxy_shard.settings import ShardSettings
 
 logger = logging.getLogger(__name__)
@@ -37,6 +45,8 @@ LOAD_KEEP = 3600.0
 #: A pool this host has not used is asked again only every this many beats (few round trips per beat
 #: however many pools the namespace has; a pool the host starts using is joined within that many).
 IDLE_RECHECK = 6
+#: How often a crawl whose host id another instance holds asks again at open (seconds, at most).
+CLAIM_POLL = 0.5
 
 
 def host_info(spider_name: str | None) -> dict[str, Any]:
@@ -61,6 +71,10 @@ class HostMonitor:
         self._failing = False
         self._beats_done = 0
         self._idle: set[str] = set()
+        self.token = INSTANCE_TOKEN
+        self._joined = False
+        self._taken_logged = False
+        self.stats = stats
 
     @classmethod
     def for_runtime(cls, runtime: Any, spider: Any, pool: str) -> HostMonitor:
@@ -71,12 +85,48 @@ class HostMonitor:
                    spider_name=getattr(spider, "name", None))
 
     async def start(self) -> None:
-        """Register at once (so ``hosts`` shows the crawl from its first second), then beat on."""
-        await self.beat()
+        """Register at once (so ``hosts`` shows the crawl from its first second), then beat on.
+
+        Raises ``SettingError`` when another live process heartbeats under this host id."""
+        await self._claim()
+        join_host(self.settings.host_id)
+        self._joined = True
         if self.logstats is not None:
             self.logstats.start(self._now())
         self._stopping = asyncio.Event()
         self._task = asyncio.get_running_loop().create_task(self._run(), name="proxy_shard heartbeat")
+
+    async def _claim(self) -> None:
+        """The first beat: wait out a dead instance's record of this host id, refuse a live one's."""
+        seen: dict[str, float] = {}  # pool -> last beat of the other instance when first met
+        deadline = None
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                await self.beat(claiming=True)
+            except HostIdTaken as taken:
+                first = seen.setdefault(taken.pool, taken.last_beat)
+                if taken.last_beat != first or (deadline is not None and loop.time() > deadline):
+                    raise self._refusal(taken) from None
+                if deadline is None:
+                    left = max(0.0, taken.alive_until - taken.last_beat)
+                    deadline = loop.time() + left + 2 * CLAIM_POLL
+                    logger.warning(
+                        "proxy_shard: host id %(id)r has a live heartbeat of another process in pool %(pool)r "
+                        "(a restart right after a crash?): waiting up to %(s).1fs for it to expire; if it "
+                        "beats again this crawl stops", {"id": self.settings.host_id, "pool": taken.pool, "s": left})
+                await asyncio.sleep(CLAIM_POLL)
+                continue
+            if seen:
+                logger.warning("proxy_shard: host id %(id)r taken over: the previous process stopped heartbeating",
+                               {"id": self.settings.host_id})
+            return
+
+    def _refusal(self, taken: HostIdTaken) -> SettingError:
+        return SettingError(
+            f"PROXY_SHARD_HOST_ID {taken.host_id!r} is in use by another live process (it heartbeats in pool "
+            f"{taken.pool!r}): give every process its own id, or leave PROXY_SHARD_HOST_ID unset "
+            f"('<hostname>:<pid>' per crawler)")
 
     async def stop(self) -> None:
         """Stop beating and leave every pool now, so the host drops out of ``hosts`` at once."""
@@ -88,16 +138,21 @@ class HostMonitor:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        joined, self._joined = self._joined, False
+        if joined and not leave_host(self.settings.host_id):
+            self.beats.clear()  # another crawler of this process beats as this host id: it stays
+            return
         for pool in list(self.beats):
             try:
-                await self.store.leave(pool)
+                await self.store.leave(pool, self.token)
             except ProxyShardError as exc:
                 logger.warning("proxy_shard: could not leave pool %(pool)r (the host ages out by itself): %(e)s",
                                {"pool": pool, "e": exc})
         self.beats.clear()
 
-    async def beat(self) -> dict[str, Beat]:
-        """One heartbeat per pool: the configured ones always, the others where this host leased."""
+    async def beat(self, *, claiming: bool = False) -> dict[str, Beat]:
+        """One heartbeat per pool: the configured ones always, the others where this host leased.
+        ``claiming`` (the first beat): ``HostIdTaken`` is raised, not logged."""
         recheck = self._beats_done % IDLE_RECHECK == 0
         self._beats_done += 1
         try:
@@ -105,15 +160,23 @@ class HostMonitor:
             for pool in (*self.pools, *(p for p in known if p not in self.pools)):
                 if pool in self._idle and not recheck:
                     continue
-                beat = await self.store.heartbeat(
-                    pool, ttl=self.settings.host_ttl, info=self.info, always=pool in self.pools,
-                    bucket=LOAD_BUCKET, keep=LOAD_KEEP,
-                )
+                try:
+                    beat = await self.store.heartbeat(
+                        pool, ttl=self.settings.host_ttl, info=self.info, always=pool in self.pools,
+                        bucket=LOAD_BUCKET, keep=LOAD_KEEP, token=self.token,
+                    )
+                except HostIdTaken as taken:
+                    if claiming:
+                        raise
+                    self._host_taken(taken)
+                    continue
                 if beat is None:
                     self._idle.add(pool)
                 else:
                     self._idle.discard(pool)
                     self.beats[pool] = beat
+        except HostIdTaken:
+            raise
         except ProxyShardError as exc:
             if not self._failing:
                 logger.warning("proxy_shard: heartbeat failed (retrying every %(s)gs): %(e)s",
@@ -124,6 +187,16 @@ class HostMonitor:
                 logger.info("proxy_shard: heartbeat restored")
             self._failing = False
         return self.beats
+
+    def _host_taken(self, taken: HostIdTaken) -> None:
+        """Another process took this host id over while this one runs (this one's beats stopped past its
+        host TTL: a stalled event loop): its record is left alone; one ERROR, counted."""
+        if self.stats is not None:
+            self.stats.inc_value("proxy_shard/host_id_taken")
+        if not self._taken_logged:
+            self._taken_logged = True
+            logger.error("proxy_shard: %(e)s since this crawl's heartbeats lapsed: give every process its own "
+                         "PROXY_SHARD_HOST_ID", {"e": taken})
 
     async def _run(self) -> None:
         interval = self.settings.heartbeat_interval

@@ -42,7 +42,7 @@ from scrapy_proxy_shard.engine.pacing import AutothrottleOptions, PaceState
 from scrapy_proxy_shard.engine.pipeline import direct_scripts_for, pipeline_for
 from scrapy_proxy_shard.engine.proxies import Proxy, make_proxy, mask, parse_proxy, proxy_id
 from scrapy_proxy_shard.engine.scripts import FunctionLibrary, function_library, register_all
-from scrapy_proxy_shard.exceptions import PoolBackendError, PoolBusy, PoolUnreachable, UnknownPoolError
+from scrapy_proxy_shard.exceptions import HostIdTaken, PoolBackendError, PoolBusy, PoolUnreachable, UnknownPoolError
 
 logger = logging.getLogger(__name__)
 #: Lease calls in doubt kept at most (each is a slot that frees itself at its lease TTL anyway).
@@ -860,20 +860,23 @@ class _StoreBase:
 
     # --- health: heartbeats and read-only views (CLI, exporter, log line) ----------------------
     def heartbeat(self, pool: str, *, ttl: float, info: dict[str, Any] | None = None, always: bool = True,
-                  bucket: float = 60.0, keep: float = 3600.0):
+                  bucket: float = 60.0, keep: float = 3600.0, token: str = ""):
         """Register this host (``host_id``) as alive in ``pool`` for ``ttl`` seconds and record its load.
 
         With ``always=False`` nothing is written unless the host leased from the pool or is registered
-        there already (returns None). Returns a ``Beat`` summary of the pool otherwise.
+        there already (returns None). Returns a ``Beat`` summary of the pool otherwise. ``token``: the
+        process's instance token; ``HostIdTaken`` when a live record of the id holds another one.
         """
-        return self._drive(self._heartbeat(pool, ttl, info, always, bucket, keep))
+        return self._drive(self._heartbeat(pool, ttl, info, always, bucket, keep, token))
 
-    def _heartbeat(self, pool, ttl, info, always, bucket, keep) -> Plan:
+    def _heartbeat(self, pool, ttl, info, always, bucket, keep, token="") -> Plan:
         prefix = self.prefix(pool)
         reply = yield _Script("host_beat", keyset.script_keys("host_beat", prefix), (
             self.host_id, max(1, _ms(ttl)), json.dumps(info or {}, sort_keys=True), "1" if always else "0",
-            max(1, _ms(bucket)), max(1, _ms(keep)),
+            max(1, _ms(bucket)), max(1, _ms(keep)), token,
         ))
+        if reply[0] == "TAKEN":
+            raise HostIdTaken(self.host_id, pool, int(reply[1]) / 1000, int(reply[2]) / 1000)
         if reply[0] != "OK":
             return None
         now, proxies, live, leases, ok, err, bans, n = (int(x) for x in reply[1:9])
@@ -885,12 +888,13 @@ class _StoreBase:
                      for i, site in enumerate(names) if counts[3 * i] != ""}
         return Beat(now / 1000, proxies, live, leases, ok, err, bans, sites)
 
-    def leave(self, pool: str):
-        """Take this host out of the pool's live hosts now (a closing crawl); True if it was there."""
-        return self._drive(self._leave(pool))
+    def leave(self, pool: str, token: str = ""):
+        """Take this host out of the pool's live hosts now (a closing crawl); True if it was there.
+        ``token``: only if its record is this instance's (not another process's that took the id over)."""
+        return self._drive(self._leave(pool, token))
 
-    def _leave(self, pool) -> Plan:
-        reply = yield _Script("host_leave", keyset.script_keys("host_leave", self.prefix(pool)), (self.host_id,))
+    def _leave(self, pool, token="") -> Plan:
+        reply = yield _Script("host_leave", keyset.script_keys("host_leave", self.prefix(pool)), (self.host_id, token))
         return bool(int(reply[1]))
 
     def hosts(self, pool: str):
@@ -1279,9 +1283,9 @@ class PoolBackend(Protocol):
     async def pools(self) -> list[str]: ...
 
     async def heartbeat(self, pool: str, *, ttl: float, info: dict[str, Any] | None = None, always: bool = True,
-                        bucket: float = 60.0, keep: float = 3600.0) -> Beat | None: ...
+                        bucket: float = 60.0, keep: float = 3600.0, token: str = "") -> Beat | None: ...
 
-    async def leave(self, pool: str) -> bool: ...
+    async def leave(self, pool: str, token: str = "") -> bool: ...
 
     async def aclose(self) -> None: ...
 

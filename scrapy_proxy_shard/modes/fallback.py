@@ -143,11 +143,12 @@ class FallbackPoolStore(PoolBackend):
         return await self.primary.pools()
 
     async def heartbeat(self, pool: str, *, ttl: float, info: dict[str, Any] | None = None, always: bool = True,
-                        bucket: float = 60.0, keep: float = 3600.0) -> Beat | None:
-        return await self.primary.heartbeat(pool, ttl=ttl, info=info, always=always, bucket=bucket, keep=keep)
+                        bucket: float = 60.0, keep: float = 3600.0, token: str = "") -> Beat | None:
+        return await self.primary.heartbeat(pool, ttl=ttl, info=info, always=always, bucket=bucket, keep=keep,
+                                            token=token)
 
-    async def leave(self, pool: str) -> bool:
-        return await self.primary.leave(pool)
+    async def leave(self, pool: str, token: str = "") -> bool:
+        return await self.primary.leave(pool, token)
 
     async def ping(self) -> bool:
         return await self.primary.ping()
@@ -374,7 +375,7 @@ class FallbackPoolStore(PoolBackend):
 
     def _ensure_local(self) -> AsyncPoolStore:
         if self.local is None:
-            self.local = embedded_store(self.settings)
+            self.local = embedded_store(self.settings, "fallback")  # shared by the process's crawlers
         return self.local
 
     def _probe_limit(self) -> float:

@@ -4,30 +4,20 @@ proxies a crawl loads at start, and platform pools (``PROXY_SHARD_PLATFORMS``)."
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 from scrapy_proxy_shard.engine.proxies import make_proxy
 from scrapy_proxy_shard.engine.store import AsyncPoolStore
+from scrapy_proxy_shard.modes.process import shared_engine
 from scrapy_proxy_shard.modes.sharding import partition_by_platform, slice_for
 from scrapy_proxy_shard.settings import ShardSettings
 
-if TYPE_CHECKING:
-    import fakeredis
 
-
-def embedded_client() -> fakeredis.FakeAsyncRedis:
-    """A private in-memory Redis (fakeredis, Lua enabled) for one process.
-
-    fakeredis is imported here, not at module level: a crawl on a real Redis never needs it (it is
-    only the embedded engine and the fallback's local slice)."""
-    import fakeredis
-
-    return fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer(), decode_responses=True)
-
-def embedded_store(settings: ShardSettings) -> AsyncPoolStore:
-    """A store on a private in-memory Redis: the embedded and static engines, and the fallback's local
-    slice (which cannot use ``factory.build_store``: the factory builds the fallback store itself)."""
-    return AsyncPoolStore(embedded_client(), **store_kwargs(settings))
+def embedded_store(settings: ShardSettings, kind: str | None = None) -> AsyncPoolStore:
+    """A store on the process's in-memory engine (``process.py``: one per kind and namespace, shared by
+    every crawler of the process): the embedded and static engines (``kind`` None: the mode), and the
+    fallback's local slice (``kind`` "fallback"; it cannot use ``factory.build_store``: the factory
+    builds the fallback store itself)."""
+    return shared_engine(kind or settings.mode, **store_kwargs(settings))
 
 def store_kwargs(settings: ShardSettings) -> dict:
     return {"namespace": settings.namespace, "host_id": settings.host_id, "bans": settings.bans,

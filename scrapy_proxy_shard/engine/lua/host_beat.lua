@@ -8,17 +8,22 @@
 --          leases counted here or is registered already (lets a host beat in every pool it used)
 -- ARGV[5]  load bucket width, ms (60000: leases per minute)
 -- ARGV[6]  load history kept, ms (older buckets are deleted)
+-- ARGV[7]  instance token of the beating process ("" or absent: none, never refused): a live record
+--          of this host id holding another token belongs to another process using the same id
 -- Replies:
 --   {"OK", now_ms, proxies, live_hosts, leases, ok, err, banned, n_sites, site_1, ..., site_n}
 --        leases/ok/err/banned (responses judged a ban): this host's counters in this pool since it
 --        registered; the sites used most lately (at most REPORT_SITES): the caller reads their slots
 --        and free slots with sites.lua (their keys declared)
 --   {"IDLE"}  ARGV[4] was "0" and the host has nothing to do with this pool: nothing was written
+--   {"TAKEN", alive_until_ms, last_beat_ms}  another instance (token) beats as this host id and its
+--        record is alive: nothing was written (the caller refuses to start, or waits for it to expire)
 -- Cost: O(log N) plus at most 16 dead hosts forgotten and one hour of this host's buckets
 -- trimmed. Heartbeats are the only writers of P:hosts, P:hostinfo, P:load; no request path touches
 -- them, so a lease or release costs nothing extra.
 
 local host, ttl, info, always = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
+local token = ARGV[7] or ''
 local bucket_ms, keep_ms = tonumber(ARGV[5]), tonumber(ARGV[6])
 local now = now_ms()
 
@@ -26,6 +31,18 @@ local alive_until = tonumber(redis.call('ZSCORE', K_HOSTS, host))
 if always ~= '1' and redis.call('HEXISTS', K_HSTATS, host .. ':l') == 0 and not alive_until then
   return {'IDLE'}
 end
+
+-- The host's record; one whose TTL ran out starts afresh (a new since, nothing seen, no owner).
+local rec = nil
+if alive_until and alive_until > now then
+  local raw = redis.call('HGET', K_HOSTINFO, host)
+  if raw then rec = cjson.decode(raw) end
+end
+if rec and token ~= '' and rec.token and rec.token ~= '' and rec.token ~= token then
+  return {'TAKEN', alive_until, tonumber(rec.beat) or 0}
+end
+rec = rec or {since = istr(now), seen = '0'}
+if token ~= '' then rec.token = token end
 
 -- Forget hosts whose heartbeat stopped (their counters go with them: memory stays bounded).
 for _, dead in ipairs(redis.call('ZRANGEBYSCORE', K_HOSTS, '-inf', now, 'LIMIT', 0, 16)) do
@@ -36,13 +53,6 @@ for _, dead in ipairs(redis.call('ZRANGEBYSCORE', K_HOSTS, '-inf', now, 'LIMIT',
   end
 end
 
--- The host's record; one whose TTL ran out starts afresh (a new since, nothing seen).
-local rec = nil
-if alive_until and alive_until > now then
-  local raw = redis.call('HGET', K_HOSTINFO, host)
-  if raw then rec = cjson.decode(raw) end
-end
-rec = rec or {since = istr(now), seen = '0'}
 
 -- Load: leases counted by lease.lua since the previous beat go into the current minute's bucket.
 local total = tonumber(redis.call('HGET', K_HSTATS, host .. ':l')) or 0
