@@ -38,9 +38,10 @@ from scrapy_proxy_shard.engine import keyset
 from scrapy_proxy_shard.engine import schema as keys
 from scrapy_proxy_shard.engine.bans import BanOptions
 from scrapy_proxy_shard.engine.breaker import BreakerEvent, BreakerOptions, BreakerState
+from scrapy_proxy_shard.engine.exits import unique_exits
 from scrapy_proxy_shard.engine.pacing import AutothrottleOptions, PaceState
 from scrapy_proxy_shard.engine.pipeline import direct_scripts_for, pipeline_for
-from scrapy_proxy_shard.engine.proxies import Proxy, make_proxy, mask, parse_proxy, proxy_id
+from scrapy_proxy_shard.engine.proxies import SESSION_MARK, Proxy, make_proxy, mask, parse_proxy, proxy_id, send_url
 from scrapy_proxy_shard.engine.scripts import FunctionLibrary, function_library, register_all
 from scrapy_proxy_shard.exceptions import PoolBackendError, PoolBusy, PoolUnreachable, UnknownPoolError
 
@@ -70,7 +71,8 @@ _LEASE_PROXIES_AT = keyset.ROLES["lease"].index(keys.PROXIES)
 
 @dataclass(frozen=True)
 class Lease:
-    """A held proxy slot. Present ``token`` to release it; the URL holds credentials."""
+    """A held proxy slot. Present ``token`` to release it; the URL holds credentials (the URL the
+    request goes through: a gateway entry's declared ``#session=`` is left out, see ``send_url``)."""
 
     pool: str
     site: str
@@ -87,6 +89,8 @@ class Lease:
         # Defence in depth: a lease without a URL would send the request from the host's own IP.
         if not self.proxy_url:
             raise PoolBackendError(f"pool {self.pool!r} answered a lease of proxy {self.proxy_id!r} without a URL")
+        if SESSION_MARK in self.proxy_url:
+            object.__setattr__(self, "proxy_url", send_url(self.proxy_url))
 
     @property
     def masked_url(self) -> str:
@@ -135,8 +139,12 @@ class BanResult:
 
 @dataclass(frozen=True)
 class AddResult:
+    """``updated``: entries whose exit was in the pool already; ``replaced``: the ids among them whose URL
+    (credentials, scheme) the add replaced in place (the exit's slots, pacing and bans stay)."""
+
     added: int
     updated: int
+    replaced: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -733,14 +741,23 @@ class _StoreBase:
 
     def _add(self, pool, proxies) -> Plan:
         added = updated = 0
-        items = list(_unique(proxies).values())
+        replaced: list[str] = []
+        items = list(_unique(proxies, pool).values())
         for start in range(0, len(items), ADMIN_PAGE):
             args = [a for p in items[start:start + ADMIN_PAGE] for a in _add_args(p)]
             reply = yield _Script("add", keyset.script_keys("add", self.prefix(pool)), ("add", 0, *args))
             added += int(reply[1])
             updated += int(reply[2])
+            replaced.extend(reply[3:])
         yield _Command(("SADD", keys.pools_registry(self.namespace), pool))
-        return AddResult(added, updated)
+        if replaced:
+            by_id = {p.id: p for p in items}
+            shown = ", ".join(f"{pid} ({by_id[pid].masked})" for pid in replaced[:5] if pid in by_id)
+            more = f" and {len(replaced) - 5} more" if len(replaced) > 5 else ""
+            logger.warning("proxy_shard: pool %(pool)r: %(n)d exit(s) already in the pool got a new URL (credentials "
+                           "or scheme), replacing the old one in place: %(shown)s%(more)s; their slots, pacing and "
+                           "quarantines are kept", {"pool": pool, "n": len(replaced), "shown": shown, "more": more})
+        return AddResult(added, updated, tuple(replaced))
 
     def restore_pool(self, pool: str, proxies: Iterable[Proxy | str], *, warmup: float = 0.0):
         """Reload a pool that Redis lost (FLUSHALL, a restart without persistence, a failover to an
@@ -754,7 +771,7 @@ class _StoreBase:
         return self._drive(self._restore(pool, proxies, warmup))
 
     def _restore(self, pool, proxies, warmup) -> Plan:
-        items = list(_unique(proxies).values())
+        items = list(_unique(proxies, pool).values())
         if not items:
             return 0
         args = [a for p in items[:ADMIN_PAGE] for a in _add_args(p)]
@@ -1429,13 +1446,9 @@ def _breaker_event(fields: list) -> BreakerEvent | None:
     return BreakerEvent(kind, int(bans), int(proxies), counted or None, int(window) / 1000, int(cool) / 1000)
 
 
-def _unique(proxies: Iterable[Proxy | str]) -> dict[str, Proxy]:
-    """Validated proxies by id (duplicates merged)."""
-    unique: dict[str, Proxy] = {}
-    for entry in proxies:
-        p = entry if isinstance(entry, Proxy) else make_proxy(entry)
-        unique[p.id] = p
-    return unique
+def _unique(proxies: Iterable[Proxy | str], pool: str) -> dict[str, Proxy]:
+    """Validated proxies by id: one per exit, a later entry of an exit replacing an earlier one (logged)."""
+    return unique_exits((p if isinstance(p, Proxy) else make_proxy(p) for p in proxies), f"adding to pool {pool!r}")
 
 
 def _add_args(p: Proxy) -> list[str]:
