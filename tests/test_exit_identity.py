@@ -1,0 +1,96 @@
+"""One exit IP is one pool member, whatever its entries' credentials or scheme (issue 19, item 3).
+
+Engine contract part: runs against fakeredis, each redis-server line and the cluster (``backend``).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from scrapy_proxy_shard.engine.store import Lease, LeaseWait
+from scrapy_proxy_shard.modes.pools import initial_proxies
+from scrapy_proxy_shard.ops.proxyfile import parse_proxy_list
+from scrapy_proxy_shard.settings import ShardSettings
+
+POOL = "exits"
+
+
+def test_two_entries_for_one_exit_make_one_slot(store):
+    """A password rotation and the https spelling of one host:port are one slot on a site."""
+    result = store.add_proxies(POOL, ["http://u:old@10.9.0.1:3128", "https://u:new@10.9.0.1:3128"])
+    assert (result.added, len(store.list_proxies(POOL))) == (1, 1)
+    first = store.lease(POOL, "a.example", ttl=5)
+    assert isinstance(first, Lease)
+    assert first.proxy_url == "https://u:new@10.9.0.1:3128"  # the later entry won
+    second = store.lease(POOL, "a.example", ttl=5)
+    assert isinstance(second, LeaseWait) and second.reason == "held"
+
+
+def test_adding_a_new_credential_replaces_in_place_and_keeps_the_slot_state(store):
+    store.add_proxies(POOL, ["http://u:old@10.9.0.2:3128"])
+    held = store.lease(POOL, "a.example", ttl=5)
+    assert isinstance(held, Lease)
+    store.ban(POOL, held.proxy_id, site="b.example", ttl=60)
+    result = store.add_proxies(POOL, ["http://u:new@10.9.0.2:3128"])
+    assert (result.added, result.updated, result.replaced) == (0, 1, (held.proxy_id,))
+    assert [r.proxy.url for r in store.list_proxies(POOL)] == ["http://u:new@10.9.0.2:3128"]
+    # the same exit: still held on a.example by the running lease, still quarantined on b.example
+    assert isinstance(store.lease(POOL, "a.example", ttl=5), LeaseWait)
+    assert isinstance(store.lease(POOL, "b.example", ttl=5), LeaseWait)
+    assert store.release(held).status == "ok"
+    again = store.lease(POOL, "a.example", ttl=5)
+    assert isinstance(again, Lease) and again.proxy_url == "http://u:new@10.9.0.2:3128"
+    same = store.add_proxies(POOL, ["http://u:new@10.9.0.2:3128"])
+    assert (same.added, same.updated, same.replaced) == (0, 1, ())
+
+
+def test_declared_gateway_sessions_are_distinct_exits_and_leave_without_the_mark(store):
+    store.add_proxies(POOL, ["http://user-session-abc:pw@gw.example:7777#session=abc",
+                             "http://user-session-def:pw@gw.example:7777#session=def"])
+    leases = [store.lease(POOL, "a.example", ttl=5) for _ in range(2)]
+    assert all(isinstance(lease, Lease) for lease in leases)
+    assert {lease.proxy_url for lease in leases} == {"http://user-session-abc:pw@gw.example:7777",
+                                                     "http://user-session-def:pw@gw.example:7777"}
+    assert isinstance(store.lease(POOL, "a.example", ttl=5), LeaseWait)
+    assert {r.proxy.masked for r in store.list_proxies(POOL)} == {"http://***:***@gw.example:7777#session=abc",
+                                                                 "http://***:***@gw.example:7777#session=def"}
+
+
+def test_removing_by_any_spelling_of_the_exit_drains_it(store):
+    store.add_proxies(POOL, ["http://u:pw@10.9.0.3:3128"])
+    assert store.remove_proxies(POOL, ["https://10.9.0.3:3128"]) == 1
+
+
+def test_a_list_naming_one_exit_twice_keeps_the_later_and_warns_once_masked(caplog):
+    text = "http://u:OldSecret@10.9.1.1:3128\n10.9.1.2:3128\nhttps://u:NewSecret@10.9.1.1:3128\n"
+    parsed = parse_proxy_list(text)
+    assert [p.url for p in parsed.proxies] == ["https://u:NewSecret@10.9.1.1:3128", "http://10.9.1.2:3128"]
+    assert parsed.duplicates == 1 and len(parsed.replaced) == 1
+    note = parsed.replaced[0]
+    assert "line 3" in note and "line 1" in note and "10.9.1.1:3128" in note
+    assert "Secret" not in note and "u:" not in note
+
+    settings = ShardSettings.from_settings({"PROXY_SHARD_PROXIES": {"p1": ["http://u:OldSecret@10.9.2.1:3128",
+                                                                       "https://u:NewSecret@10.9.2.1:3128"]}})
+    with caplog.at_level(logging.WARNING, logger="scrapy_proxy_shard"):
+        loaded = initial_proxies(settings)
+        initial_proxies(settings)  # the same list again (a restore, the next spider) says nothing new
+    assert [p.url for p in loaded["p1"]] == ["https://u:NewSecret@10.9.2.1:3128"]
+    lines = [r.getMessage() for r in caplog.records if "10.9.2.1:3128" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert "PROXY_SHARD_PROXIES['p1']" in lines[0] and "entry 2" in lines[0] and "entry 1" in lines[0]
+    assert "Secret" not in caplog.text
+
+
+@pytest.mark.parametrize("spelling", ["https://10.9.3.1:3128", "10.9.3.1:3128:alice:pw"])
+def test_static_slices_count_one_exit_once(spelling):
+    settings = ShardSettings.from_settings({"PROXY_SHARD_MODE": "static", "PROXY_SHARD_HOSTS": ["h1", "h2"],
+                                        "PROXY_SHARD_HOST_ID": "h1",
+                                        "PROXY_SHARD_PROXIES": ["http://10.9.3.1:3128", spelling]})
+    other = ShardSettings.from_settings({"PROXY_SHARD_MODE": "static", "PROXY_SHARD_HOSTS": ["h1", "h2"],
+                                     "PROXY_SHARD_HOST_ID": "h2",
+                                     "PROXY_SHARD_PROXIES": ["http://10.9.3.1:3128", spelling]})
+    slices = [initial_proxies(s).get("default", []) for s in (settings, other)]
+    assert sorted(len(s) for s in slices) == [0, 1]  # the exit is on one host, once
