@@ -5,10 +5,14 @@ Engine contract part: runs against fakeredis, each redis-server line and the clu
 
 from __future__ import annotations
 
+import hashlib
 import logging
 
 import pytest
+from engine_clock import Clock, make_clock
 
+from scrapy_proxy_shard.engine import schema
+from scrapy_proxy_shard.engine.proxies import make_proxy
 from scrapy_proxy_shard.engine.store import Lease, LeaseWait
 from scrapy_proxy_shard.modes.pools import initial_proxies
 from scrapy_proxy_shard.ops.proxyfile import parse_proxy_list
@@ -94,3 +98,43 @@ def test_static_slices_count_one_exit_once(spelling):
                                      "PROXY_SHARD_PROXIES": ["http://10.9.3.1:3128", spelling]})
     slices = [initial_proxies(s).get("default", []) for s in (settings, other)]
     assert sorted(len(s) for s in slices) == [0, 1]  # the exit is on one host, once
+
+
+@pytest.fixture
+def clock(request, monkeypatch) -> Clock:
+    params = getattr(getattr(request.node, "callspec", None), "params", {})
+    return make_clock(params.get("backend") == "fakeredis", monkeypatch)
+
+
+def _url_id(url: str) -> str:
+    """The id layout 2 gave a proxy: a hash of its whole URL, credentials included."""
+    return hashlib.blake2b(url.encode(), digest_size=8).hexdigest()
+
+
+def test_a_pool_keyed_by_url_is_rekeyed_to_its_exits_keeping_bans(store, backend, clock):
+    """A pool written before exits were the identity (layout 2) holds one exit twice: the first lease
+    migrates it to one id per exit, carries a site quarantine over, and rests re-keyed proxies a lease TTL."""
+    a, b, c = "http://u:old@10.9.4.1:3128", "http://u:new@10.9.4.1:3128", "http://10.9.4.2:3128"
+    store.add_proxies(POOL, [c])
+    prefix = store.prefix(POOL)
+    proxies, order, meta = (schema.sub_key(prefix, name) for name in (schema.PROXIES, schema.ORDER, schema.META))
+    backend.hdel(proxies, make_proxy(c).id)
+    backend.zrem(order, make_proxy(c).id)
+    for n, url in enumerate((a, b, c), start=10):
+        backend.hset(proxies, _url_id(url), url)
+        backend.zadd(order, {_url_id(url): n})
+    backend.hset(meta, schema.META_LAYOUT, "2")
+    store.ban(POOL, _url_id(c), site="a.example", ttl=60)
+
+    rest = store.lease(POOL, "a.example", ttl=0.5)  # migrates first; every re-keyed proxy rests 0.5 s
+    assert isinstance(rest, LeaseWait), rest
+    assert backend.hget(meta, schema.META_LAYOUT) == schema.LAYOUT
+    assert {r.id for r in store.list_proxies(POOL)} == {make_proxy(a).id, make_proxy(c).id}
+    clock.sleep(0.6)
+    lease = store.lease(POOL, "a.example", ttl=5)
+    assert isinstance(lease, Lease) and lease.proxy_id == make_proxy(a).id and lease.proxy_url in (a, b)
+    assert isinstance(store.lease(POOL, "a.example", ttl=5), LeaseWait)  # one slot for a/b; c quarantined here
+    others = [store.lease(POOL, "b.example", ttl=5) for _ in range(3)]
+    assert isinstance(others[2], LeaseWait)  # two exits, two slots on a site c is not quarantined on
+    assert {x.proxy_id for x in others[:2]} == {make_proxy(a).id, make_proxy(c).id}
+    assert not store.migrate(POOL)  # nothing left to do

@@ -38,7 +38,7 @@ from scrapy_proxy_shard.engine import keyset
 from scrapy_proxy_shard.engine import schema as keys
 from scrapy_proxy_shard.engine.bans import BanOptions
 from scrapy_proxy_shard.engine.breaker import BreakerEvent, BreakerOptions, BreakerState
-from scrapy_proxy_shard.engine.exits import unique_exits
+from scrapy_proxy_shard.engine.exits import rekey_to_exits, unique_exits
 from scrapy_proxy_shard.engine.pacing import AutothrottleOptions, PaceState
 from scrapy_proxy_shard.engine.pipeline import direct_scripts_for, pipeline_for
 from scrapy_proxy_shard.engine.proxies import SESSION_MARK, Proxy, make_proxy, mask, parse_proxy, proxy_id, send_url
@@ -61,6 +61,8 @@ BUSY_CAP = 0.25
 BUSY_WAIT = 5.0
 #: Entries per page of the in-place migration of a pool written by an older version (``migrate``).
 MIGRATE_PAGE = 500
+#: Seconds a proxy re-keyed by the migration rests (the default lease TTL; a lease passes its own).
+MIGRATE_WARMUP = 60.0
 #: Proxies per add / remove script call: each call is O(log N) per proxy, so a page bounds its Redis time.
 ADMIN_PAGE = 500
 #: Where the pool's P:proxies key sits in lease.lua's KEYS (a lease call in doubt names its pool by it).
@@ -488,11 +490,11 @@ class _StoreBase:
 
     def _lease_done(self, reply, request, pool, site, ttl, concurrency, session_id, session_ttl):
         if reply[0] == "MIGRATE":
-            return _Continue(self._lease_migrated(request, pool, site, session_id))
+            return _Continue(self._lease_migrated(request, pool, site, session_id, ttl))
         return self._lease_result(reply, pool, site, session_id)
 
-    def _lease_migrated(self, request, pool, site, session_id) -> Plan:
-        yield from self._migrate(pool)
+    def _lease_migrated(self, request, pool, site, session_id, ttl=MIGRATE_WARMUP) -> Plan:
+        yield from self._migrate(pool, ttl)
         reply = yield request
         if reply[0] == "MIGRATE":  # another host reset it meanwhile (an older version): ask again soon
             return LeaseWait(0.001, "pool")
@@ -671,7 +673,7 @@ class _StoreBase:
         ))
         reply = yield request
         if reply[0] == "MIGRATE":
-            yield from self._migrate(pool)
+            yield from self._migrate(pool, ttl)
             reply = yield request
         if reply[0] == "OK":
             return Lease(pool=pool, site=site, proxy_id=member.rpartition("/")[0], proxy_url=reply[3],
@@ -1020,15 +1022,16 @@ class _StoreBase:
         slots, free = total
         return SiteStatus(site, now / 1000, slots, free, *states, next_in / 1000, held, tuple(busy))
 
-    def migrate(self, pool: str):
-        """Bring a pool written by an older version (sites listed in P:sites, no add numbers) onto the
-        current layout, a page at a time (every script call declares its keys). Runs by itself at the
-        first lease or hold that meets such a pool (``scrapy-proxy-shard migrate`` runs it ahead);
-        idempotent, and harmless when two hosts run it at once. Returns False when there was nothing
-        to migrate."""
-        return self._drive(self._migrate(pool))
+    def migrate(self, pool: str, *, warmup: float = MIGRATE_WARMUP):
+        """Bring a pool written by an older version (sites listed in P:sites, no add numbers; proxy ids
+        hashed from URLs rather than exits) onto the current layout, a page at a time (every script call
+        declares its keys). Runs by itself at the first lease or hold that meets such a pool
+        (``scrapy-proxy-shard migrate`` runs it ahead); idempotent, and harmless when two hosts run it
+        at once. A re-keyed proxy rests ``warmup`` seconds (a lease TTL: requests sent through its old
+        id may still run). Returns False when there was nothing to migrate."""
+        return self._drive(self._migrate(pool, warmup))
 
-    def _migrate(self, pool) -> Plan:
+    def _migrate(self, pool, warmup: float = MIGRATE_WARMUP) -> Plan:
         prefix = self.prefix(pool)
         meta = keys.sub_key(prefix, keys.META)
         layout = yield _Command(("HGET", meta, keys.META_LAYOUT))
@@ -1058,8 +1061,10 @@ class _StoreBase:
                 sites += int(reply[1])
             if str(cursor) == "0":
                 break
+        rekeyed = yield from rekey_to_exits(prefix, _ms(warmup, "warmup"))
         yield _Script("migrate", keyset.migrate_done_keys(prefix), ("done",))
-        logger.info("proxy_shard: pool %(pool)r migrated (%(n)d sites)", {"pool": pool, "n": sites})
+        logger.info("proxy_shard: pool %(pool)r migrated (%(n)d sites, %(k)d proxy ids re-keyed to their exit)",
+                    {"pool": pool, "n": sites, "k": rekeyed})
         return True
 
     def proxy_urls(self, pool: str, ids: Iterable[str]):

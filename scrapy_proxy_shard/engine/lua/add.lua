@@ -28,7 +28,7 @@ elseif mode ~= 'add' then
   return redis.error_reply('ERR scrapy-proxy-shard: add mode must be add or restore')
 end
 local warm = tonumber(ARGV[2])
-if redis.call('EXISTS', K_META) == 0 then redis.call('HSET', K_META, 'created', istr(now), 'layout', '2') end
+if redis.call('EXISTS', K_META) == 0 then redis.call('HSET', K_META, 'created', istr(now), 'layout', '3') end
 local added, updated = 0, 0
 local replaced = {}
 for i = 3, #ARGV, 3 do
