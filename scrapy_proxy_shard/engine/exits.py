@@ -11,9 +11,11 @@ winning), and each replaced entry gives one line naming both entries, masked, an
 from __future__ import annotations
 
 import logging
-from collections.abc import Generator, Iterable
+from collections.abc import Callable, Generator, Iterable
 from typing import Any
 
+from scrapy_proxy_shard.engine import keyset
+from scrapy_proxy_shard.engine import schema as keys
 from scrapy_proxy_shard.engine.proxies import Proxy, parse_proxy, proxy_id
 from scrapy_proxy_shard.exceptions import ProxyURLError
 
@@ -63,21 +65,20 @@ def unique_exits(proxies: Iterable[Proxy], where: str, *, label: str = "entry") 
 REKEY_PAGE = 500
 
 
-def rekey_to_exits(prefix: str, warm_ms: int) -> Generator[Any, Any, int]:
+def rekey_to_exits(prefix: str, warm_ms: int, command: Callable[[tuple], Any],
+                   script: Callable[[str, list, tuple], Any]) -> Generator[Any, Any, int]:
     """A store plan (``PoolStore._migrate``'s last step before "done"): move every proxy whose id was
     hashed from its URL (layout 2 and before) under its exit id, with its tags and bans; returns how many.
 
     Two entries of one exit become one proxy (the first URL met stays; a later ``add`` replaces it in
     place). Each re-keyed proxy rests ``warm_ms`` proxy-wide: a request sent through its old id may
-    still be running, and the new id's slots do not know it."""
-    from scrapy_proxy_shard.engine import keyset
-    from scrapy_proxy_shard.engine import schema as keys
-    from scrapy_proxy_shard.engine.store import _Command, _pairs, _Script
+    still be running, and the new id's slots do not know it. ``command`` and ``script`` build what the
+    plan yields (the store's ``_Command`` and ``_Script``: this module does not import the store)."""
 
     quads: list[tuple[str, str, str, str]] = []
     cursor = "0"
     while True:
-        cursor, page = yield _Command(("HSCAN", keys.sub_key(prefix, keys.PROXIES), cursor, "COUNT", REKEY_PAGE))
+        cursor, page = yield command(("HSCAN", keys.sub_key(prefix, keys.PROXIES), cursor, "COUNT", REKEY_PAGE))
         for old, stored in _pairs(page):
             try:
                 url = parse_proxy(stored)
@@ -93,7 +94,7 @@ def rekey_to_exits(prefix: str, warm_ms: int) -> Generator[Any, Any, int]:
     exit_of = {old: new for old, new, _, _ in quads}
     bans: dict[str, list[tuple[str, str]]] = {}
     while True:
-        cursor, page = yield _Command(("HSCAN", keys.sub_key(prefix, keys.BANS), cursor, "COUNT", REKEY_PAGE))
+        cursor, page = yield command(("HSCAN", keys.sub_key(prefix, keys.BANS), cursor, "COUNT", REKEY_PAGE))
         for name, _ in _pairs(page):
             scope, _, old = name.rpartition("|")
             if old in exit_of and exit_of[old] != old:
@@ -104,7 +105,15 @@ def rekey_to_exits(prefix: str, warm_ms: int) -> Generator[Any, Any, int]:
     for start in range(0, len(quads), REKEY_PAGE):
         page_quads = quads[start:start + REKEY_PAGE]
         pairs = [x for q in page_quads for pair in bans.get(q[0], ()) for x in pair]
-        reply = yield _Script("migrate", keyset.migrate_rekey_keys(prefix),
+        reply = yield script("migrate", keyset.migrate_rekey_keys(prefix),
                               ("rekey", warm_ms, len(page_quads), *(x for q in page_quads for x in q), *pairs))
         moved += int(reply[1])
     return moved
+
+
+def _pairs(page: Any) -> list[tuple[str, str]]:
+    """An HSCAN page (a flat list, or a dict once decoded by the client) as (field, value) pairs."""
+    if isinstance(page, dict):
+        return list(page.items())
+    page = list(page or ())
+    return list(zip(page[::2], page[1::2], strict=True))

@@ -163,10 +163,12 @@ class BanRecord:
 class ProxyRecord:
     proxy: Proxy
     stats: dict[str, float]
+    #: The id the pool holds it under (an entry an older version added may not be its exit id yet).
+    stored_id: str | None = None
 
     @property
     def id(self) -> str:
-        return self.proxy.id
+        return self.stored_id or self.proxy.id
 
 
 @dataclass(frozen=True)
@@ -815,7 +817,7 @@ class _StoreBase:
             pid, _, counter = name.rpartition(":")
             per_proxy.setdefault(pid, {})[counter] = float(value)
         return [
-            ProxyRecord(Proxy(url, json.loads(tags[pid]) if pid in tags else {}), per_proxy.get(pid, {}))
+            ProxyRecord(Proxy(url, json.loads(tags[pid]) if pid in tags else {}), per_proxy.get(pid, {}), pid)
             for pid, url in sorted((urls or {}).items())
         ]
 
@@ -1061,7 +1063,7 @@ class _StoreBase:
                 sites += int(reply[1])
             if str(cursor) == "0":
                 break
-        rekeyed = yield from rekey_to_exits(prefix, _ms(warmup, "warmup"))
+        rekeyed = yield from rekey_to_exits(prefix, _ms(warmup, "warmup"), _Command, _Script)
         yield _Script("migrate", keyset.migrate_done_keys(prefix), ("done",))
         logger.info("proxy_shard: pool %(pool)r migrated (%(n)d sites, %(k)d proxy ids re-keyed to their exit)",
                     {"pool": pool, "n": sites, "k": rekeyed})
