@@ -138,3 +138,30 @@ def test_a_pool_keyed_by_url_is_rekeyed_to_its_exits_keeping_bans(store, backend
     assert isinstance(others[2], LeaseWait)  # two exits, two slots on a site c is not quarantined on
     assert {x.proxy_id for x in others[:2]} == {make_proxy(a).id, make_proxy(c).id}
     assert not store.migrate(POOL)  # nothing left to do
+
+
+def test_cli_add_and_load_say_replaced_for_a_new_credential_of_an_exit(redis_server, real_redis, tmp_path):
+    from click.testing import CliRunner
+
+    from scrapy_proxy_shard.ops.cli import cli
+
+    env = {"PROXY_SHARD_REDIS_URL": redis_server.url, "PROXY_SHARD_NAMESPACE": "exitcli"}
+
+    def invoke(*args):
+        result = CliRunner().invoke(cli, ["--pool", POOL, *args], env=env, catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        assert "OldPw" not in result.output + result.stderr and "NewPw" not in result.output + result.stderr
+        return result
+
+    first = invoke("add", "http://u:OldPw@10.9.5.1:3128", "10.9.5.2:3128")
+    assert "2 added, 0 already there" in first.stdout
+    again = invoke("add", "https://u:NewPw@10.9.5.1:3128", "http://u:NewPw2@10.9.5.2:3128", "10.9.5.2:3128")
+    assert "0 added, 1 replaced, 1 already there" in again.stdout  # argument 3 replaced argument 2
+    assert "replaced: same exit, new URL" in again.stdout
+    assert "argument 3 (http://10.9.5.2:3128) replaces argument 2 (http://***:***@10.9.5.2:3128)" in again.stderr
+    path = tmp_path / "proxies.txt"
+    path.write_text("10.9.5.1:3128:u:OldPw\nhttp://10.9.5.3:3128\n")
+    loaded = invoke("load", str(path))
+    assert "2 proxies loaded (1 new, 1 replaced, 0 already there)" in loaded.stdout
+    listed = invoke("list")
+    assert listed.stdout.count("10.9.5.1:3128") == 1
