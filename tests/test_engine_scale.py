@@ -200,7 +200,7 @@ def test_a_pool_of_the_previous_layout_migrates_in_place(real_redis):
         else:
             assert result.reason == "pool"
     assert len(got) == 3 and held.proxy_id not in {g.proxy_id for g in got}
-    assert real_redis.hget(f"{p}:{schema.META}", "layout") == "2"
+    assert real_redis.hget(f"{p}:{schema.META}", "layout") == schema.LAYOUT
     assert not real_redis.exists(f"{p}:sites")
     assert real_redis.zcard(f"{p}:{schema.ORDER}") == 1200
     assert real_redis.pttl(f"{p}:{schema.READY}:old7.example") > 0  # old sites now expire when idle

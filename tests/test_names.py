@@ -129,7 +129,10 @@ def test_hosts_with_a_second_spelling_are_refused(entry, problem):
         parse_proxy(entry)
 
 
-def test_one_address_is_one_proxy_but_credentials_still_make_gateway_endpoints_distinct():
+def test_one_address_is_one_proxy_and_only_declared_sessions_make_gateway_endpoints_distinct():
     assert parse_proxy("HTTP://GW.Example.com:8000") == parse_proxy("gw.example.com:8000")
     a, b = make_proxy("http://user-a:pw@gw.example.com:8000"), make_proxy("gw.example.com:8000:user-b:pw")
+    assert a.id == b.id == make_proxy("gw.example.com:8000").id  # one exit: credentials are not identity
+    a = make_proxy("http://user-a:pw@gw.example.com:8000#session=a")
+    b = make_proxy("gw.example.com:8000:user-b:pw#session=b")
     assert a.id != b.id and a.id != make_proxy("gw.example.com:8000").id

@@ -1,6 +1,14 @@
 import pytest
 
-from scrapy_proxy_shard.engine.proxies import make_proxy, mask, parse_proxy, proxy_id, split_credentials
+from scrapy_proxy_shard.engine.proxies import (
+    exit_key,
+    make_proxy,
+    mask,
+    parse_proxy,
+    proxy_id,
+    send_url,
+    split_credentials,
+)
 from scrapy_proxy_shard.exceptions import ProxyURLError
 
 
@@ -61,7 +69,64 @@ def test_ids_are_stable_short_and_credential_free():
     url = parse_proxy("http://alice:TopSecret@h.example:1")
     assert proxy_id(url) == proxy_id(parse_proxy("http://alice:TopSecret@H.EXAMPLE:1"))
     assert len(proxy_id(url)) == 16
-    assert proxy_id(url) != proxy_id(parse_proxy("http://bob:TopSecret@h.example:1"))
+    assert proxy_id(url) != proxy_id(parse_proxy("http://alice:TopSecret@h.example:2"))
+    assert "TopSecret" not in exit_key(url) and "alice" not in exit_key(url)
+
+
+@pytest.mark.parametrize(("a", "b"), [
+    ("http://u:old@10.0.0.1:3128", "http://u:new@10.0.0.1:3128"),  # a password rotation
+    ("http://u:p@10.0.0.1:3128", "https://u:p@10.0.0.1:3128"),  # the two spellings of one host:port
+    ("10.0.0.1:3128", "http://alice:pw@10.0.0.1:3128"),  # with and without credentials
+    ("10.0.0.1:3128:alice:pw", "HTTPS://Bob:x@10.0.0.1:3128"),  # provider form, other case
+    ("http://Proxy.Example.COM:8080", "proxy.example.com:8080"),
+    ("http://[2001:DB8:0:0:0:0:0:1]:80", "https://u:p@[2001:db8::1]:80"),  # IPv6 spellings
+    ("http://[::ffff:10.0.0.1]:3128", "http://10.0.0.1:3128"),  # IPv4-mapped IPv6 is the IPv4 address
+    ("gw.example:7777:user-session-abc:old#session=abc", "http://user-session-abc:new@gw.example:7777#session=abc"),
+])
+def test_one_exit_is_one_id_whatever_the_spelling(a, b):
+    assert exit_key(parse_proxy(a)) == exit_key(parse_proxy(b))
+    assert make_proxy(a).id == make_proxy(b).id
+
+
+@pytest.mark.parametrize(("a", "b"), [
+    ("http://10.0.0.1:3128", "http://10.0.0.1:3129"),
+    ("http://10.0.0.1:3128", "http://10.0.0.2:3128"),
+    ("http://[::1]:80", "http://[::2]:80"),
+    # gateway sessions are distinct exits only when declared; the default is one exit per host:port
+    ("http://user-session-abc:pw@gw.example:7777#session=abc", "http://user-session-def:pw@gw.example:7777#session=def"),
+    ("http://user-session-abc:pw@gw.example:7777#session=abc", "http://user-session-abc:pw@gw.example:7777"),
+])
+def test_other_exits_have_other_ids(a, b):
+    assert make_proxy(a).id != make_proxy(b).id
+
+
+def test_undeclared_gateway_sessions_are_one_exit():
+    a = make_proxy("http://user-session-abc:pw@gw.example:7777")
+    b = make_proxy("http://user-session-def:pw@gw.example:7777")
+    assert a.id == b.id and a.exit == "gw.example:7777"
+
+
+def test_declared_session_is_identity_not_address():
+    url = parse_proxy("gw.example:7777:user-session-abc:s3cret#session=abc")
+    assert url == "http://user-session-abc:s3cret@gw.example:7777#session=abc"
+    assert exit_key(url) == "gw.example:7777#abc"
+    assert send_url(url) == "http://user-session-abc:s3cret@gw.example:7777"
+    assert mask(url) == "http://***:***@gw.example:7777#session=abc"
+    assert parse_proxy("gw.example:7777:user:pa#ss") == "http://user:pa%23ss@gw.example:7777"  # '#' in a password
+
+
+@pytest.mark.parametrize("entry", ["http://u:p@h.example:1#session=", "http://u:p@h.example:1#session=a b",
+                                   "http://u:p@h.example:1#session=-x", "http://u:TopSecret@h.example:1#session=a@b"])
+def test_bad_session_is_one_clear_line(entry):
+    with pytest.raises(ProxyURLError) as info:
+        parse_proxy(entry)
+    assert "TopSecret" not in str(info.value)
+    assert "session" in str(info.value) or "whitespace" in str(info.value)
+
+
+def test_invalid_ipv6_is_named():
+    with pytest.raises(ProxyURLError, match="invalid IPv6"):
+        parse_proxy("http://[2001:db8::g]:80")
 
 
 def test_split_credentials_decodes_for_proxy_authorization():

@@ -108,6 +108,11 @@ def migrate_sites_keys(prefix: str, sites: list[str]) -> list[str]:
     return [s.sub_key(prefix, s.SITEIDX), *sites_keys(prefix, sites)]
 
 
+def migrate_rekey_keys(prefix: str) -> list[str]:
+    """migrate.lua "rekey": P:proxies, P:tags, P:order, P:meta, P:bans, P:banidx."""
+    return [s.sub_key(prefix, name) for name in (s.PROXIES, s.TAGS, s.ORDER, s.META, s.BANS, s.BANIDX)]
+
+
 def migrate_done_keys(prefix: str) -> list[str]:
     """migrate.lua "done": P:meta and the old layout's two hashes (deleted)."""
     return [s.sub_key(prefix, s.META), s.sub_key(prefix, s.LEGACY_SITES), s.sub_key(prefix, s.LEGACY_SITEBUILD)]

@@ -1,13 +1,18 @@
 """Proxy URLs: parsing, validation, canonical form, stable ids and credential masking.
 
-A proxy is identified in Redis by a short hash of its canonical URL (``proxy_id``), never by the URL
-itself, so credentials cannot leak into key names, SCAN or MONITOR output. Everything a person can
-see (logs, stats, errors, CLI) uses ``mask()``.
+A proxy is identified in Redis by a short hash of its *exit* (``proxy_id``), never by the URL itself,
+so credentials cannot leak into key names, SCAN or MONITOR output. The exit is what a site sees one
+IP behind: ``host:port`` (the scheme and the credentials are attributes of an entry, not its
+identity: ``http://u:old@h:3128`` and ``https://u:new@h:3128`` are one exit, one slot), plus the
+session an entry declares with ``#session=<token>`` (a provider gateway that gives each session its
+own IP: ``http://user-session-abc:pw@gw:7777#session=abc``). Everything a person can see (logs,
+stats, errors, CLI) uses ``mask()``.
 """
 
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import re
 from dataclasses import dataclass, field
 from urllib.parse import quote, unquote, urlsplit
@@ -21,6 +26,9 @@ _HOST_RE = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9
 _IPV4_RE = re.compile(r"[0-9]{1,3}(?:\.[0-9]{1,3}){3}")
 _NUMERIC_HOST_RE = re.compile(r"[0-9.]+")
 _URL_LIKE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+#: The declared session of a gateway entry: ``#session=<token>`` at the end of the entry.
+SESSION_MARK = "#session="
+_SESSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._~-]{0,63}")
 
 
 @dataclass(frozen=True)
@@ -35,6 +43,11 @@ class Proxy:
         return proxy_id(self.url)
 
     @property
+    def exit(self) -> str:
+        """``host:port`` (``host:port#session``): what one slot stands for."""
+        return exit_key(self.url)
+
+    @property
     def masked(self) -> str:
         return mask(self.url)
 
@@ -43,8 +56,24 @@ class Proxy:
 
 
 def proxy_id(canonical_url: str) -> str:
-    """Short stable id of a canonical proxy URL (64-bit BLAKE2b, hex)."""
-    return hashlib.blake2b(canonical_url.encode(), digest_size=8).hexdigest()
+    """Short stable id of the exit of a canonical proxy URL (64-bit BLAKE2b of ``exit_key``, hex).
+
+    Two entries of one exit (other credentials, the other scheme) have one id: one slot per site."""
+    return hashlib.blake2b(exit_key(canonical_url).encode(), digest_size=8).hexdigest()
+
+
+def exit_key(canonical_url: str) -> str:
+    """The exit of a canonical URL (``parse_proxy``'s output): ``host:port``, or ``host:port#session``
+    for an entry that declares a gateway session. The scheme and the credentials are not part of it."""
+    address, _, session = canonical_url.partition(SESSION_MARK)
+    address = address[address.find("://") + 3:]  # canonical: the scheme is always there
+    address = address[address.rfind("@") + 1:]
+    return f"{address}#{session}" if session else address
+
+
+def send_url(canonical_url: str) -> str:
+    """The URL a request goes through: the canonical URL without its declared session."""
+    return canonical_url.partition(SESSION_MARK)[0]
 
 
 def mask(text: object) -> str:
@@ -54,12 +83,16 @@ def mask(text: object) -> str:
     goes through it. It works on malformed input (that is when it is needed most) and errs towards
     hiding: user info before ``@``, the ``user:pass`` of ``host:port:user:pass``, a ``user:pw`` with
     no host, and query values (``redis://host/0?password=X``) are masked; a scheme, a host and a
-    numeric port stay visible so the message still says where.
+    numeric port stay visible so the message still says where, and so does a declared gateway
+    session (``#session=<token>``: a name the user picked, not a credential).
     """
     if isinstance(text, (bytes, bytearray)):
         text = bytes(text).decode("latin-1")
     if not isinstance(text, str):
         return f"<{type(text).__name__}>"
+    head, mark, session = text.rpartition(SESSION_MARK)
+    if mark and _SESSION_RE.fullmatch(session):
+        return mask(head) + mark + session
     scheme_end = text.find("://")
     start = scheme_end + 3 if scheme_end >= 0 else 0
     head, rest = text[:start], text[start:]
@@ -103,8 +136,11 @@ def parse_proxy(entry: str, *, default_scheme: str = "http") -> str:
     """Validate one proxy entry and return its canonical URL.
 
     Accepted forms: ``scheme://[user[:pass]@]host:port``, ``[user[:pass]@]host:port`` and the provider
-    format ``host:port:user:pass``. Percent-encoded credentials are kept exactly as given (they are
-    what the proxy expects); raw special characters in credentials are percent-encoded.
+    format ``host:port:user:pass``, each optionally followed by ``#session=<token>`` (a gateway entry
+    whose session has an IP of its own: the token is part of the exit, see ``exit_key``).
+    Percent-encoded credentials are kept exactly as given (they are what the proxy expects); raw
+    special characters in credentials are percent-encoded. An IPv6 host is written in its compressed
+    form (an IPv4-mapped one as the IPv4 address), so one address has one spelling.
 
     Raises ProxyURLError naming the (masked) entry and the problem.
     """
@@ -116,6 +152,7 @@ def parse_proxy(entry: str, *, default_scheme: str = "http") -> str:
         raise ProxyURLError("empty proxy entry")
     if any(ch.isspace() for ch in raw):
         raise ProxyURLError(f"proxy {shown!r}: contains whitespace")
+    raw, session = _split_session(raw, shown)
     if not _URL_LIKE.match(raw):
         raw = _provider_form(raw, shown, default_scheme)
     try:
@@ -147,7 +184,18 @@ def parse_proxy(entry: str, *, default_scheme: str = "http") -> str:
         if parts_.password is not None:
             userinfo += ":" + _keep_or_quote(parts_.password)
         userinfo += "@"
-    return f"{scheme}://{userinfo}{host.lower()}:{port}"
+    return f"{scheme}://{userinfo}{host.lower()}:{port}" + (SESSION_MARK + session if session else "")
+
+
+def _split_session(raw: str, shown: str) -> tuple[str, str]:
+    """(entry without its ``#session=<token>`` suffix, token or "")."""
+    head, mark, session = raw.rpartition(SESSION_MARK)
+    if not mark:
+        return raw, ""
+    if not _SESSION_RE.fullmatch(session):
+        raise ProxyURLError(f"proxy {shown!r}: session {session[:70]!r} must be 1-64 letters, digits, '.', '_', "
+                            "'~' or '-' (write #session=<token> at the end of the entry)")
+    return head, session
 
 
 def make_proxy(entry: str, tags: dict[str, str] | None = None) -> Proxy:
@@ -214,8 +262,14 @@ def _check_host(host: str, shown: str) -> str:
             raise ProxyURLError(f"proxy {shown!r}: IPv4 address {host!r} has leading zeros, which some "
                                 f"resolvers read as octal: write {'.'.join(str(int(o)) for o in octets)}")
         return host
-    if ":" in host:  # IPv6 literal (urlsplit removed the brackets)
-        return f"[{host}]"
+    if ":" in host:  # IPv6 literal (urlsplit removed the brackets): one spelling per address
+        try:
+            address = ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ProxyURLError(f"proxy {shown!r}: invalid IPv6 address {host!r}") from None
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return f"[{address.compressed}]"
     if _NUMERIC_HOST_RE.fullmatch(host):
         raise ProxyURLError(f"proxy {shown!r}: {host!r} is not an IPv4 address (write four numbers a.b.c.d)")
     if not _HOST_RE.fullmatch(host):
@@ -231,4 +285,6 @@ def _port_problem(exc: ValueError) -> str:
     text = str(exc)
     if "out of range" in text:
         return "port out of range 1-65535"
+    if "IPv6" in text:
+        return "invalid IPv6 address between '[' and ']'"
     return "port is not a number (credentials go before '@': scheme://user:pass@host:port)"

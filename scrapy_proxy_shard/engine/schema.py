@@ -51,9 +51,11 @@ KEY_SUFFIXES = (PROXIES, TAGS, ORDER, SITE, SITEIDX, READY, SESSION, BANS, BANID
 LEGACY_SITES = "sites"
 LEGACY_SITEBUILD = "sitebuild"
 LEGACY_KEY_SUFFIXES = (LEGACY_SITES, LEGACY_SITEBUILD)
-#: P:meta fields: the layout version (``LAYOUT``), and the last add number.
+#: P:meta fields: the layout version (``LAYOUT``), and the last add number. Layout 3: a proxy's id is
+#: the hash of its exit (host:port, a declared session), no longer of its URL; a pool written before
+#: is re-keyed by the migration (``PoolStore.migrate``), so one pool never mixes the two id schemes.
 META_LAYOUT = "layout"
-LAYOUT = "2"
+LAYOUT = "3"
 #: The hashes ``PoolStore.counters`` reads.
 COUNTER_HASHES = (COUNTERS, PSTATS, HSTATS, SSTATS)
 

@@ -38,9 +38,10 @@ from scrapy_proxy_shard.engine import keyset
 from scrapy_proxy_shard.engine import schema as keys
 from scrapy_proxy_shard.engine.bans import BanOptions
 from scrapy_proxy_shard.engine.breaker import BreakerEvent, BreakerOptions, BreakerState
+from scrapy_proxy_shard.engine.exits import rekey_to_exits, unique_exits
 from scrapy_proxy_shard.engine.pacing import AutothrottleOptions, PaceState
 from scrapy_proxy_shard.engine.pipeline import direct_scripts_for, pipeline_for
-from scrapy_proxy_shard.engine.proxies import Proxy, make_proxy, mask, parse_proxy, proxy_id
+from scrapy_proxy_shard.engine.proxies import SESSION_MARK, Proxy, make_proxy, mask, parse_proxy, proxy_id, send_url
 from scrapy_proxy_shard.engine.scripts import FunctionLibrary, function_library, register_all
 from scrapy_proxy_shard.exceptions import HostIdTaken, PoolBackendError, PoolBusy, PoolUnreachable, UnknownPoolError
 
@@ -60,6 +61,8 @@ BUSY_CAP = 0.25
 BUSY_WAIT = 5.0
 #: Entries per page of the in-place migration of a pool written by an older version (``migrate``).
 MIGRATE_PAGE = 500
+#: Seconds a proxy re-keyed by the migration rests (the default lease TTL; a lease passes its own).
+MIGRATE_WARMUP = 60.0
 #: Proxies per add / remove script call: each call is O(log N) per proxy, so a page bounds its Redis time.
 ADMIN_PAGE = 500
 #: Where the pool's P:proxies key sits in lease.lua's KEYS (a lease call in doubt names its pool by it).
@@ -70,7 +73,8 @@ _LEASE_PROXIES_AT = keyset.ROLES["lease"].index(keys.PROXIES)
 
 @dataclass(frozen=True)
 class Lease:
-    """A held proxy slot. Present ``token`` to release it; the URL holds credentials."""
+    """A held proxy slot. Present ``token`` to release it; the URL holds credentials (the URL the
+    request goes through: a gateway entry's declared ``#session=`` is left out, see ``send_url``)."""
 
     pool: str
     site: str
@@ -87,6 +91,8 @@ class Lease:
         # Defence in depth: a lease without a URL would send the request from the host's own IP.
         if not self.proxy_url:
             raise PoolBackendError(f"pool {self.pool!r} answered a lease of proxy {self.proxy_id!r} without a URL")
+        if SESSION_MARK in self.proxy_url:
+            object.__setattr__(self, "proxy_url", send_url(self.proxy_url))
 
     @property
     def masked_url(self) -> str:
@@ -138,8 +144,12 @@ class BanResult:
 
 @dataclass(frozen=True)
 class AddResult:
+    """``updated``: entries whose exit was in the pool already; ``replaced``: the ids among them whose URL
+    (credentials, scheme) the add replaced in place (the exit's slots, pacing and bans stay)."""
+
     added: int
     updated: int
+    replaced: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -156,10 +166,12 @@ class BanRecord:
 class ProxyRecord:
     proxy: Proxy
     stats: dict[str, float]
+    #: The id the pool holds it under (an entry an older version added may not be its exit id yet).
+    stored_id: str | None = None
 
     @property
     def id(self) -> str:
-        return self.proxy.id
+        return self.stored_id or self.proxy.id
 
 
 @dataclass(frozen=True)
@@ -483,11 +495,11 @@ class _StoreBase:
 
     def _lease_done(self, reply, request, pool, site, ttl, concurrency, session_id, session_ttl):
         if reply[0] == "MIGRATE":
-            return _Continue(self._lease_migrated(request, pool, site, session_id))
+            return _Continue(self._lease_migrated(request, pool, site, session_id, ttl))
         return self._lease_result(reply, pool, site, session_id)
 
-    def _lease_migrated(self, request, pool, site, session_id) -> Plan:
-        yield from self._migrate(pool)
+    def _lease_migrated(self, request, pool, site, session_id, ttl=MIGRATE_WARMUP) -> Plan:
+        yield from self._migrate(pool, ttl)
         reply = yield request
         if reply[0] == "MIGRATE":  # another host reset it meanwhile (an older version): ask again soon
             return LeaseWait(0.001, "pool")
@@ -666,7 +678,7 @@ class _StoreBase:
         ))
         reply = yield request
         if reply[0] == "MIGRATE":
-            yield from self._migrate(pool)
+            yield from self._migrate(pool, ttl)
             reply = yield request
         if reply[0] == "OK":
             return Lease(pool=pool, site=site, proxy_id=member.rpartition("/")[0], proxy_url=reply[3],
@@ -736,14 +748,23 @@ class _StoreBase:
 
     def _add(self, pool, proxies) -> Plan:
         added = updated = 0
-        items = list(_unique(proxies).values())
+        replaced: list[str] = []
+        items = list(_unique(proxies, pool).values())
         for start in range(0, len(items), ADMIN_PAGE):
             args = [a for p in items[start:start + ADMIN_PAGE] for a in _add_args(p)]
             reply = yield _Script("add", keyset.script_keys("add", self.prefix(pool)), ("add", 0, *args))
             added += int(reply[1])
             updated += int(reply[2])
+            replaced.extend(reply[3:])
         yield _Command(("SADD", keys.pools_registry(self.namespace), pool))
-        return AddResult(added, updated)
+        if replaced:
+            by_id = {p.id: p for p in items}
+            shown = ", ".join(f"{pid} ({by_id[pid].masked})" for pid in replaced[:5] if pid in by_id)
+            more = f" and {len(replaced) - 5} more" if len(replaced) > 5 else ""
+            logger.warning("proxy_shard: pool %(pool)r: %(n)d exit(s) already in the pool got a new URL (credentials "
+                           "or scheme), replacing the old one in place: %(shown)s%(more)s; their slots, pacing and "
+                           "quarantines are kept", {"pool": pool, "n": len(replaced), "shown": shown, "more": more})
+        return AddResult(added, updated, tuple(replaced))
 
     def restore_pool(self, pool: str, proxies: Iterable[Proxy | str], *, warmup: float = 0.0):
         """Reload a pool that Redis lost (FLUSHALL, a restart without persistence, a failover to an
@@ -757,7 +778,7 @@ class _StoreBase:
         return self._drive(self._restore(pool, proxies, warmup))
 
     def _restore(self, pool, proxies, warmup) -> Plan:
-        items = list(_unique(proxies).values())
+        items = list(_unique(proxies, pool).values())
         if not items:
             return 0
         args = [a for p in items[:ADMIN_PAGE] for a in _add_args(p)]
@@ -799,7 +820,7 @@ class _StoreBase:
             pid, _, counter = name.rpartition(":")
             per_proxy.setdefault(pid, {})[counter] = float(value)
         return [
-            ProxyRecord(Proxy(url, json.loads(tags[pid]) if pid in tags else {}), per_proxy.get(pid, {}))
+            ProxyRecord(Proxy(url, json.loads(tags[pid]) if pid in tags else {}), per_proxy.get(pid, {}), pid)
             for pid, url in sorted((urls or {}).items())
         ]
 
@@ -1010,15 +1031,16 @@ class _StoreBase:
         slots, free = total
         return SiteStatus(site, now / 1000, slots, free, *states, next_in / 1000, held, tuple(busy))
 
-    def migrate(self, pool: str):
-        """Bring a pool written by an older version (sites listed in P:sites, no add numbers) onto the
-        current layout, a page at a time (every script call declares its keys). Runs by itself at the
-        first lease or hold that meets such a pool (``scrapy-proxy-shard migrate`` runs it ahead);
-        idempotent, and harmless when two hosts run it at once. Returns False when there was nothing
-        to migrate."""
-        return self._drive(self._migrate(pool))
+    def migrate(self, pool: str, *, warmup: float = MIGRATE_WARMUP):
+        """Bring a pool written by an older version (sites listed in P:sites, no add numbers; proxy ids
+        hashed from URLs rather than exits) onto the current layout, a page at a time (every script call
+        declares its keys). Runs by itself at the first lease or hold that meets such a pool
+        (``scrapy-proxy-shard migrate`` runs it ahead); idempotent, and harmless when two hosts run it
+        at once. A re-keyed proxy rests ``warmup`` seconds (a lease TTL: requests sent through its old
+        id may still run). Returns False when there was nothing to migrate."""
+        return self._drive(self._migrate(pool, warmup))
 
-    def _migrate(self, pool) -> Plan:
+    def _migrate(self, pool, warmup: float = MIGRATE_WARMUP) -> Plan:
         prefix = self.prefix(pool)
         meta = keys.sub_key(prefix, keys.META)
         layout = yield _Command(("HGET", meta, keys.META_LAYOUT))
@@ -1048,8 +1070,10 @@ class _StoreBase:
                 sites += int(reply[1])
             if str(cursor) == "0":
                 break
+        rekeyed = yield from rekey_to_exits(prefix, _ms(warmup, "warmup"), _Command, _Script)
         yield _Script("migrate", keyset.migrate_done_keys(prefix), ("done",))
-        logger.info("proxy_shard: pool %(pool)r migrated (%(n)d sites)", {"pool": pool, "n": sites})
+        logger.info("proxy_shard: pool %(pool)r migrated (%(n)d sites, %(k)d proxy ids re-keyed to their exit)",
+                    {"pool": pool, "n": sites, "k": rekeyed})
         return True
 
     def proxy_urls(self, pool: str, ids: Iterable[str]):
@@ -1436,13 +1460,9 @@ def _breaker_event(fields: list) -> BreakerEvent | None:
     return BreakerEvent(kind, int(bans), int(proxies), counted or None, int(window) / 1000, int(cool) / 1000)
 
 
-def _unique(proxies: Iterable[Proxy | str]) -> dict[str, Proxy]:
-    """Validated proxies by id (duplicates merged)."""
-    unique: dict[str, Proxy] = {}
-    for entry in proxies:
-        p = entry if isinstance(entry, Proxy) else make_proxy(entry)
-        unique[p.id] = p
-    return unique
+def _unique(proxies: Iterable[Proxy | str], pool: str) -> dict[str, Proxy]:
+    """Validated proxies by id: one per exit, a later entry of an exit replacing an earlier one (logged)."""
+    return unique_exits((p if isinstance(p, Proxy) else make_proxy(p) for p in proxies), f"adding to pool {pool!r}")
 
 
 def _add_args(p: Proxy) -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from scrapy_proxy_shard.engine.exits import unique_exits
 from scrapy_proxy_shard.engine.proxies import make_proxy
 from scrapy_proxy_shard.engine.store import AsyncPoolStore
 from scrapy_proxy_shard.modes.process import shared_engine
@@ -46,7 +47,7 @@ def initial_proxies(settings: ShardSettings) -> dict[str, list]:
     cut down to this host's slice."""
     out: dict[str, list] = {}
     for pool, entries in settings.proxies.items():
-        proxies = {p.id: p for p in (make_proxy(e) for e in entries)}
+        proxies = unique_exits((make_proxy(e) for e in entries), f"PROXY_SHARD_PROXIES[{pool!r}]")
         if settings.mode == "static":
             mine = set(slice_for(proxies, settings.hosts, settings.host_id, settings.sharding))
             proxies = {pid: p for pid, p in proxies.items() if pid in mine}

@@ -25,6 +25,7 @@ from typing import Any, NoReturn
 
 import click
 
+from scrapy_proxy_shard.engine.exits import merge_exits
 from scrapy_proxy_shard.engine.proxies import PROXY_TYPES, Proxy, make_proxy, mask, parse_proxy, split_credentials
 from scrapy_proxy_shard.engine.schema import check_name
 from scrapy_proxy_shard.engine.sites import SITE_KEY_RE, check_site
@@ -213,14 +214,17 @@ def load(obj: Ctx, source: Any, partial: bool, dry_run: bool, type_: str | None,
                          f"--partial to load the {len(parsed.proxies)} valid one(s))")
     if not parsed.proxies:
         raise InputError(f"no proxies in {name}")
+    for note in parsed.replaced:
+        click.echo(f"{name}: warning: {note}", err=True)
     merged = f", {parsed.duplicates} duplicate line(s) merged" if parsed.duplicates else ""
     skipped = f", {len(parsed.errors)} bad line(s) skipped" if parsed.errors else ""
     if dry_run:
         click.echo(f"{name}: {len(parsed.proxies)} valid proxies{merged}{skipped} (dry run: nothing loaded)")
         return
     result = obj.store.add_proxies(obj.target_pool, parsed.proxies)
+    replaced = len(result.replaced)
     click.echo(f"pool {obj.target_pool!r}: {len(parsed.proxies)} proxies loaded ({result.added} new, "
-               f"{result.updated} already there){merged}{skipped}")
+               f"{_replaced(replaced)}{result.updated - replaced} already there){merged}{skipped}")
 
 
 def _utf8(data: bytes, name: str) -> str:
@@ -248,20 +252,34 @@ def _ban_ttl(ctx: click.Context, param: click.Parameter, value: float | None) ->
 def add(obj: Ctx, urls: tuple[str, ...], type_: str | None, provider: str | None, country: str | None) -> None:
     """Add the proxies URL... (any form a list file accepts)."""
     tags = _tags(type_, provider, country)
-    proxies, errors = [], []
+    entries, errors = [], []
     for n, url in enumerate(urls, start=1):
         try:
-            proxies.append(make_proxy(url, tags))
+            entries.append((f"argument {n}", make_proxy(url, tags)))
         except ProxyURLError as exc:
             errors.append(f"argument {n}: {exc}")
     for error in errors:
         click.echo(error, err=True)
     if errors:
         raise InputError(f"nothing added: {len(errors)} bad proxy URL(s)")
+    by_id, notes = merge_exits(entries)
+    for note in notes:
+        click.echo(f"warning: {note}", err=True)
+    proxies = list(by_id.values())
     result = obj.store.add_proxies(obj.target_pool, proxies)
-    click.echo(f"pool {obj.target_pool!r}: {result.added} added, {result.updated} already there")
+    click.echo(f"pool {obj.target_pool!r}: {_add_summary(result)}")
     for p in proxies:
-        click.echo(f"  {p.id}  {p.masked}")
+        click.echo(f"  {p.id}  {p.masked}" + ("  (replaced: same exit, new URL)" if p.id in result.replaced else ""))
+
+
+def _add_summary(result: Any) -> str:
+    """``N added, [M replaced, ]K already there``: replaced = an exit in the pool whose URL the add changed."""
+    replaced = len(result.replaced)
+    return f"{result.added} added, {_replaced(replaced)}{result.updated - replaced} already there"
+
+
+def _replaced(n: int) -> str:
+    return f"{n} replaced, " if n else ""
 
 
 @cli.command()

@@ -8,9 +8,10 @@ Two formats, told apart by the first line that is neither blank nor a ``#`` comm
   (tags shown by ``list`` and kept with the proxy), e.g. ``url,type,provider,country``.
 
 Every bad line is reported with its number, so an operator fixes a file in one pass instead of one
-error per attempt; the caller decides whether anything is loaded from a file with errors. The same
-proxy twice (same canonical URL) is merged, the later line's tags winning. Error messages show
-entries masked: a typo in a line never prints its password.
+error per attempt; the caller decides whether anything is loaded from a file with errors. Lines of
+one exit (``host:port`` and a declared ``#session=``: see ``engine/exits.py``) are merged, the later
+line's URL and tags winning; a later line with other credentials or scheme is reported in
+``replaced`` (masked). Error messages show entries masked: a typo in a line never prints its password.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import csv
 import re
 from dataclasses import dataclass, field
 
+from scrapy_proxy_shard.engine.exits import merge_exits
 from scrapy_proxy_shard.engine.proxies import Proxy, make_proxy, mask
 from scrapy_proxy_shard.exceptions import ProxyURLError
 
@@ -38,11 +40,13 @@ class LineError:
 
 @dataclass
 class ProxyList:
-    """What a file held: valid proxies (duplicates merged), bad lines, and how many were merged."""
+    """What a file held: valid proxies (one per exit), bad lines, how many lines were merged into an
+    earlier one, and a message per line that replaced another line's URL for its exit."""
 
     proxies: list[Proxy] = field(default_factory=list)
     errors: list[LineError] = field(default_factory=list)
     duplicates: int = 0
+    replaced: list[str] = field(default_factory=list)
 
 
 def check_tags(tags: dict[str, str]) -> dict[str, str]:
@@ -67,7 +71,7 @@ def check_tags(tags: dict[str, str]) -> dict[str, str]:
 def parse_proxy_list(text: str, *, tags: dict[str, str] | None = None) -> ProxyList:
     """Parse a whole file; ``tags`` apply to every proxy (CSV columns override them)."""
     result = ProxyList()
-    by_id: dict[str, Proxy] = {}
+    parsed: list[tuple[str, Proxy]] = []
     header: list[str] | None = None
     first = True
     for number, raw in enumerate(text.lstrip("\ufeff").splitlines(), start=1):
@@ -90,10 +94,9 @@ def parse_proxy_list(text: str, *, tags: dict[str, str] | None = None) -> ProxyL
         except ProxyURLError as exc:
             result.errors.append(LineError(number, str(exc)))
             continue
-        if proxy.id in by_id:
-            result.duplicates += 1
-            proxy = Proxy(proxy.url, {**by_id[proxy.id].tags, **proxy.tags})
-        by_id[proxy.id] = proxy
+        parsed.append((f"line {number}", proxy))
+    by_id, result.replaced = merge_exits(parsed)
+    result.duplicates = len(parsed) - len(by_id)
     result.proxies = list(by_id.values())
     return result
 

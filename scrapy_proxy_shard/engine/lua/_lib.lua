@@ -45,9 +45,10 @@
 --                               a lease and its release share P:done:lease:<token> (see remember_lease)
 --   P:meta               HASH   created=ms: the pool was loaded once; remove.lua never deletes it, so
 --                               an empty pool without it was lost by Redis (FLUSHALL, failover, eviction);
---                               seq = last add number; layout=2 (a pool written by an older version,
---                               P:sites without P:order, is migrated by PoolStore.migrate: lease.lua and
---                               hold.lua answer MIGRATE until then)
+--                               seq = last add number; layout=3 (a pool written by an older version,
+--                               P:sites without P:order, or proxy ids hashed from URLs rather than
+--                               exits, is migrated by PoolStore.migrate: lease.lua and hold.lua answer
+--                               MIGRATE until then)
 --   P:pace:<site>        HASH   adaptive pacing: the site's learned interval (see "Adaptive pacing" below)
 -- Times are milliseconds of the Redis server clock (TIME), so host clock skew cannot cause overlaps.
 
@@ -323,13 +324,13 @@ local function hold_slots(id, until_ms)
   end
 end
 
--- lease.lua and hold.lua first: a pool written by an older version (P:meta without layout=2) is
+-- lease.lua and hold.lua first: a pool written by an older version (P:meta without layout=3) is
 -- migrated by PoolStore.migrate (paged, keys declared) before it is used. A pool without P:meta (new,
 -- or lost by Redis) has nothing to migrate, and nothing is written (add.lua's restore keys on it).
 -- Returns whether the pool needs migrating, and its add number (P:meta seq; one read for both).
 local function pool_layout()
   local m = redis.call('HMGET', K_META, 'layout', 'seq')
-  if m[1] == '2' then return false, tonumber(m[2]) or 0 end
+  if m[1] == '3' then return false, tonumber(m[2]) or 0 end
   return m[2] ~= false or redis.call('EXISTS', K_META) == 1, tonumber(m[2]) or 0
 end
 

@@ -7,9 +7,11 @@
 -- ARGV[2]  restore warm-up, ms: restored proxies are quarantined proxy-wide this long (reason
 --          "restored"), so a request another host sent through one of them before Redis lost the
 --          pool can finish first (the held records were lost with the pool)
--- ARGV[3..] triples: proxy id, canonical URL, JSON tags ("" for none)
+-- ARGV[3..] triples: proxy id, canonical URL, JSON tags ("" for none). The id names the exit
+--          (host:port, a declared session): a URL for an id already in the pool replaces its URL
+--          in place (new credentials, the other scheme), and the exit's slots, pacing and bans stay.
 -- Replies:
---   {"OK", added, updated}
+--   {"OK", added, updated, replaced id...}   replaced: the ids (among the updated) whose URL changed
 --   {"KEPT"}  restore mode only: the pool was not lost; nothing written
 -- A proxy removed and added again while a request or sticky session still holds one of its slots
 -- gets that slot back only when the holder's record runs out or is released (learn()), and
@@ -26,10 +28,13 @@ elseif mode ~= 'add' then
   return redis.error_reply('ERR scrapy-proxy-shard: add mode must be add or restore')
 end
 local warm = tonumber(ARGV[2])
-if redis.call('EXISTS', K_META) == 0 then redis.call('HSET', K_META, 'created', istr(now), 'layout', '2') end
+if redis.call('EXISTS', K_META) == 0 then redis.call('HSET', K_META, 'created', istr(now), 'layout', '3') end
 local added, updated = 0, 0
+local replaced = {}
 for i = 3, #ARGV, 3 do
   local id, url, tags = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  local old = redis.call('HGET', K_PROXIES, id)
+  if old and old ~= url then replaced[#replaced + 1] = id end
   if redis.call('HSET', K_PROXIES, id, url) == 1 then
     added = added + 1
     if mode == 'restore' and warm > 0 then
@@ -44,4 +49,4 @@ for i = 3, #ARGV, 3 do
   end
   if tags ~= '' then redis.call('HSET', K_TAGS, id, tags) else redis.call('HDEL', K_TAGS, id) end
 end
-return {'OK', added, updated}
+return {'OK', added, updated, unpack(replaced)}
