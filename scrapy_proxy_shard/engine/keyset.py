@@ -46,6 +46,7 @@ ROLES: dict[str, tuple[str, ...]] = {
     "host_beat": (s.HOSTS, s.HOSTINFO, s.LOAD, s.HSTATS, s.PROXIES, s.SITEIDX),
     "host_leave": (s.HOSTS, s.HOSTINFO, s.LOAD, s.HSTATS),
     "hosts": (s.HOSTS, s.HOSTINFO, s.LOAD, s.HSTATS),
+    "host_list": (s.HOSTS, s.HOSTINFO),
     "pool_status": (s.BANS, s.SITE, s.READY),
 }
 #: Scripts whose KEYS depend on data (built by ``sites_keys``, ``session_keys``, ``migrate_*_keys``).

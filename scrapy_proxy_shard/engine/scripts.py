@@ -43,6 +43,7 @@ OPERATIONS = (
     "host_beat",
     "host_leave",
     "hosts",
+    "host_list",
     "pool_status",
     "hold",
     "abandon",

@@ -935,6 +935,17 @@ class _StoreBase:
                                       int(leases), int(ok), int(err), int(bans), dict(sorted(load.items()))))
         return sorted(records, key=lambda r: r.host)
 
+    def host_list(self, pool: str):
+        """The pool's live hosts as ``(now, [(host, alive_until, since, last_read), ...])`` (Redis
+        clock, s; 0 when unknown), this read stamped as this host's last read (host_list.lua)."""
+        return self._drive(self._host_list(pool))
+
+    def _host_list(self, pool) -> Plan:
+        reply = yield _Script("host_list", keyset.script_keys("host_list", self.prefix(pool)), (self.host_id,))
+        rows = [(str(reply[i]), int(reply[i + 1]) / 1000, int(reply[i + 2]) / 1000, int(reply[i + 3]) / 1000)
+                for i in range(3, 3 + 4 * int(reply[2]), 4)]
+        return int(reply[1]) / 1000, rows
+
     def live_hosts(self, pool: str | None = None):
         """Ids of the live hosts of ``pool``, or of every pool of the namespace when None."""
         return self._drive(self._live_hosts(pool))
