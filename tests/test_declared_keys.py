@@ -175,6 +175,7 @@ def _cycle(url: str) -> None:
     client.execute_command("PING")
     assert other.heartbeat(POOL, ttl=30, info={"spider": "x"}).sites  # forgets h1 (dead) on the way
     assert [h.host for h in other.hosts(POOL)] == ["h2"]
+    assert [row[0] for row in other.host_list(POOL)[1]] == ["h2"]  # the fallback's read, stamped
     assert "a.example" in other.sites(POOL)
     assert other.leave(POOL)
     # a pool of the previous layout is migrated by the first lease

@@ -156,6 +156,8 @@ class FallbackPoolStore(PoolBackend):
         return beat
 
     async def leave(self, pool: str, token: str = "") -> bool:
+        self._views.pop(pool, None)  # out of the others' lists from now on: no slice of this pool
+        self._views_at[pool] = float("inf")
         return await self.primary.leave(pool, token)
 
     async def ping(self) -> bool:

@@ -24,7 +24,7 @@ for i = 1, #live, 2 do
   local raw = redis.call('HGET', K_HOSTINFO, host)
   local rec = raw and cjson.decode(raw) or {}
   if host == me and raw then
-    rec.read = istr(now)
+    rec.read = string.format('%d', now)
     redis.call('HSET', K_HOSTINFO, host, cjson.encode(rec))
   end
   reply[#reply + 1] = host
