@@ -46,6 +46,7 @@ OPERATIONS = (
     "host_list",
     "pool_status",
     "hold",
+    "lift",
     "abandon",
     "sites",
     "sessions",

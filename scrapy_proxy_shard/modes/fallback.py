@@ -102,6 +102,7 @@ class FallbackPoolStore(PoolBackend):
         self.snapshot = _Snapshot()
         self._local_leases: dict[str, Lease] = {}  # token -> lease issued by the local engine
         self._adopted: dict[str, Lease] = {}  # local token -> the Redis lease that adopted it
+        self._overlapped: dict[str, str] = {}  # local token -> token of the hold Redis refused (an overlap)
         self._probe: asyncio.Task | None = None
         self._entered_at = 0.0
         self._grace_until = 0.0
@@ -247,6 +248,10 @@ class FallbackPoolStore(PoolBackend):
             adopted = self._adopted.pop(lease.token, None)
             if adopted is not None:
                 await self._quietly(self.primary.release(adopted, **how))
+            refused = self._overlapped.pop(lease.token, None)
+            if refused is not None:  # its overlap floor in Redis ends with the request, not its lease TTL
+                await self._quietly(self.primary.lift(lease.pool, lease.site, lease.member, refused,
+                                                      gap=max(min_interval, rest_after_response)))
             return result
         try:
             result = await self.primary.release(lease, **how)
@@ -477,10 +482,13 @@ class FallbackPoolStore(PoolBackend):
             return
         concurrency = self._site_concurrency.get((lease.pool, lease.site), 1)
         ttl = max(1.0, lease.expires_at - time.time())
+        hold_token = f"{token}.hold"
         held = await self.primary.hold(lease.pool, lease.site, lease.member, ttl=ttl, concurrency=concurrency,
-                                       in_flight=in_flight)
+                                       in_flight=in_flight, token=hold_token)
         if not isinstance(held, Lease):
             self._inc("leases_overlapped" if in_flight and held is not None else "leases_not_adopted")
+            if in_flight and held is not None and token in self._local_leases:
+                self._overlapped[token] = hold_token
         elif token not in self._local_leases:
             # The request ended while hold() ran: release() found nothing adopted to give back, and
             # nobody else would ever release this Redis lease (its slot stayed held for the TTL).
