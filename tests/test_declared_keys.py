@@ -157,7 +157,9 @@ def _cycle(url: str) -> None:
     # hold (adopting a local lease), abandon (a lease whose reply was lost), proxy-wide bans
     got = store.hold(POOL, "f.example", held[0].member, ttl=5)
     assert isinstance(got, Lease)
+    assert isinstance(store.hold(POOL, "f.example", got.member, ttl=5, in_flight=True, token="ov"), LeaseWait)
     store.release(got)
+    store.lift(POOL, "f.example", got.member, "ov")  # the overlapping local lease ended
     lost = store.lease(POOL, "f.example", ttl=5)
     store._in_doubt[lost.token] = (store.prefix(POOL), "f.example", "")
     lost_session = store.lease(POOL, "f.example", ttl=5, session_id="s2", session_ttl=60)
@@ -175,6 +177,7 @@ def _cycle(url: str) -> None:
     client.execute_command("PING")
     assert other.heartbeat(POOL, ttl=30, info={"spider": "x"}).sites  # forgets h1 (dead) on the way
     assert [h.host for h in other.hosts(POOL)] == ["h2"]
+    assert [row[0] for row in other.host_list(POOL)[1]] == ["h2"]  # the fallback's read, stamped
     assert "a.example" in other.sites(POOL)
     assert other.leave(POOL)
     # a pool of the previous layout is migrated by the first lease

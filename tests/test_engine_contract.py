@@ -636,6 +636,34 @@ def test_an_overlap_floor_outlasts_the_redis_holders_early_release(store, clock)
     assert isinstance(answer, LeaseWait) and 1.0 < answer.wait <= 2.0
 
 
+def test_an_overlap_floor_ends_when_the_overlapping_leases_end_not_at_their_ttl(store, clock):
+    """After an outage, a slot that overlapped stayed kept for the local lease's whole TTL (60 s in a
+    crawl) though its request took 0.3 s: lift (the local lease ended) ends its part of the floor. Both
+    orders of the two releases; two local leases on one slot keep the floor until both ended."""
+    store.add_proxies(POOL, URLS[:1])
+    other = lease_ok(store)  # the Redis holder releases first, then the local lease ends
+    assert isinstance(store.hold(POOL, "a.example", other.member, ttl=30, in_flight=True, token="l1"), LeaseWait)
+    assert store.release(other).status == "ok"
+    assert isinstance(store.lease(POOL, "a.example", ttl=5), LeaseWait)  # the floor holds while it runs
+    store.lift(POOL, "a.example", other.member, "l1", gap=0.2)
+    wait = store.lease(POOL, "a.example", ttl=5)
+    assert isinstance(wait, LeaseWait) and wait.wait <= 0.2  # its own pacing, not 30 s
+    clock.sleep(0.25)
+    second = lease_ok(store)  # the local lease ends first, then the Redis holder releases
+    assert isinstance(store.hold(POOL, "a.example", second.member, ttl=30, in_flight=True, token="l2"), LeaseWait)
+    store.lift(POOL, "a.example", second.member, "l2")
+    assert store.release(second).status == "ok"
+    third = lease_ok(store)  # two local leases overlapped the same slot: the floor waits for both
+    for token in ("l3", "l4"):
+        assert isinstance(store.hold(POOL, "a.example", third.member, ttl=30, in_flight=True, token=token), LeaseWait)
+    assert store.release(third).status == "ok"
+    store.lift(POOL, "a.example", third.member, "l3")
+    wait = store.lease(POOL, "a.example", ttl=5)
+    assert isinstance(wait, LeaseWait) and wait.wait > 25
+    store.lift(POOL, "a.example", third.member, "l4")
+    assert isinstance(store.lease(POOL, "a.example", ttl=5), Lease)
+
+
 def test_an_overlap_floor_outlasts_a_sticky_session_that_lapses(store, clock):
     """The live record hold meets may be a sticky session's: the session's own release and its next
     use set the slot's score to now + session TTL. If the session then lapses (no end, no rebind)

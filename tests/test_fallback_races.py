@@ -293,3 +293,47 @@ def test_a_local_lease_that_ends_its_call_after_the_grace_is_adopted_or_given_ba
             f"one slot handed to two requests: {answer} (local) and {from_redis} (Redis)"
     finally:
         server.stop()
+
+
+def test_a_slot_that_overlapped_is_free_once_both_requests_ended_not_a_lease_ttl_later(redis_binary):
+    """Another host leased this host's local slot from the restarted Redis before the probe adopted it
+    (an overlap of the outage: /leases_overlapped). Redis kept the slot from everyone for the local
+    lease's whole TTL (60 s in a crawl) though both requests ended at once: throughput halved for a
+    minute after the outage. The local lease's release now ends its floor (lift.lua)."""
+    server = RedisServer(binary=redis_binary.path).start()
+    try:
+        PoolStore(redis.Redis.from_url(server.url, decode_responses=True)).add_proxies("default", PROXIES[:1])
+
+        async def scenario() -> tuple[object, dict]:
+            stats = _Stats()
+            store = _store(server.url, grace=30, stats=stats)
+            await _into_fallback(store, server)
+            in_flight = await store.lease("default", "a.example", ttl=30)
+            assert isinstance(in_flight, Lease)
+            other = PoolStore(redis.Redis.from_url(server.url, decode_responses=True), host_id="host-b")
+            real_ping = store.primary.ping
+            theirs = []
+
+            async def ping_after_another_host_leased():  # the other host saw Redis back first and leased
+                answer = await real_ping()
+                if not theirs:
+                    other.restore_pool("default", PROXIES[:1])
+                    theirs.append(other.lease("default", "a.example", ttl=30))
+                return answer
+
+            store.primary.ping = ping_after_another_host_leased
+            server.start()  # empty, same port
+            await _until_grace(store)
+            assert isinstance(theirs[0], Lease) and theirs[0].member == in_flight.member
+            other.release(theirs[0])  # both requests end
+            await store.release(in_flight, min_interval=0.2)
+            await asyncio.sleep(0.25)
+            after = other.lease("default", "a.example", ttl=30)
+            await store.aclose()
+            return after, stats.values
+
+        after, values = asyncio.run(scenario())
+        assert values.get("proxy_shard/fallback/leases_overlapped") == 1, values
+        assert isinstance(after, Lease), f"the slot stays kept after both requests ended: {after}"
+    finally:
+        server.stop()

@@ -80,6 +80,11 @@ class DemoConfig:
     #: Seconds every proxy holds the first request of each new client connection (a connection's
     #: set-up: the arrival guard's case).
     proxy_setup: float = 0.0
+    #: Give every host ``PROXY_SHARD_HOSTS`` (all the host ids); False: the hosts learn each other
+    #: from the heartbeats in Redis (the fallback's host list then comes from there).
+    host_list: bool = True
+    #: Host number -> seconds after the others that it starts (a host joining the crawl).
+    start_after: dict[int, float] = field(default_factory=dict)
 
     def shard_pages(self, host: int) -> set[tuple[str, str]]:
         return {(site, path) for site, path in self.expected_pages
@@ -307,22 +312,32 @@ def _run_hosts(config: DemoConfig, workdir: Path, server: RedisServer, site_log:
     if config.direct_reachable:
         sites = ",".join(f"{site}:{site_port}" for site in config.sites)
         extra += ["-s", "TWISTED_DNS_RESOLVER=scrapy_proxy_shard.demo.resolver.DemoSiteResolver"]
-    procs = []
+    procs: list = []
+    later: list = []  # (seconds after the start, name, command, environment) of hosts not started yet
     for i in range(config.hosts):
         name = f"host-{i}"
         env = {**os.environ, "PROXY_SHARD_REDIS_URL": redis_url, "STATS_DUMP_FILE": str(workdir / f"{name}.stats.json")}
         cmd = [sys.executable, "-m", "scrapy", "crawl", "shop", "-a", f"shard={i}", "-a", f"shards={config.hosts}",
                "-a", f"sites={sites}", "-a", f"pages={config.pages}", "-a", f"flows={config.flows}",
                "-a", f"flow_steps={config.flow_steps}", "-s", f"PROXY_SHARD_HOST_ID={name}",
-               "-s", f"PROXY_SHARD_BAN_TTL={config.ban_ttl}", "-s", f"PROXY_SHARD_HOSTS={host_ids}", *extra,
+               "-s", f"PROXY_SHARD_BAN_TTL={config.ban_ttl}",
+               *(("-s", f"PROXY_SHARD_HOSTS={host_ids}") if config.host_list else ()), *extra,
                "-O", str(workdir / f"{name}.items.jsonl"), "--logfile", str(workdir / f"{name}.log")]
-        procs.append((name, subprocess.Popen(cmd, cwd=config.project, env=env, stdout=subprocess.DEVNULL,
-                                             stderr=subprocess.DEVNULL, start_new_session=True)))
+        later.append((config.start_after.get(i, 0.0), name, cmd, env))
+
+    def spawn(due: float) -> None:
+        for item in [x for x in later if x[0] <= due]:
+            later.remove(item)
+            procs.append((item[1], subprocess.Popen(item[2], cwd=config.project, env=item[3], stdout=subprocess.DEVNULL,
+                                                    stderr=subprocess.DEVNULL, start_new_session=True)))
+
+    spawn(0.0)
     deadline = time.monotonic() + config.timeout
     expected = len(config.expected_pages)
     last_print = 0.0
     t0 = time.monotonic()
-    while any(p.poll() is None for _, p in procs):
+    while later or any(p.poll() is None for _, p in procs):
+        spawn(time.monotonic() - t0)
         if time.monotonic() > deadline:
             for _, p in procs:
                 _stop(p)

@@ -38,6 +38,7 @@ ROLES: dict[str, tuple[str, ...]] = {
                 s.READY, s.WAITING, s.FREED, s.SESSION, s.BREAKER, s.BREAKER_SEEN, s.PACE),
     "abandon": (MEMO, LEASE_MEMO, s.BANS, s.SITE, s.READY, s.WAITING, s.FREED, s.SESSION),
     "hold": (MEMO, s.PROXIES, s.META, s.ORDER, s.BANS, s.PSTATS, s.HSTATS, s.SITEIDX, s.SITE, s.READY),
+    "lift": (s.BANS, s.SITE, s.READY),
     "end_session": (s.BANS, s.SITE, s.READY, s.WAITING, s.FREED, s.SESSION),
     "ban": (s.PROXIES, s.BANS, s.BANIDX, s.PSTATS, s.SSTATS, s.COUNTERS, s.SITE, s.READY),
     "unban": (s.BANS, s.BANIDX, s.COUNTERS, s.SITE, s.READY),
@@ -46,6 +47,7 @@ ROLES: dict[str, tuple[str, ...]] = {
     "host_beat": (s.HOSTS, s.HOSTINFO, s.LOAD, s.HSTATS, s.PROXIES, s.SITEIDX),
     "host_leave": (s.HOSTS, s.HOSTINFO, s.LOAD, s.HSTATS),
     "hosts": (s.HOSTS, s.HOSTINFO, s.LOAD, s.HSTATS),
+    "host_list": (s.HOSTS, s.HOSTINFO),
     "pool_status": (s.BANS, s.SITE, s.READY),
 }
 #: Scripts whose KEYS depend on data (built by ``sites_keys``, ``session_keys``, ``migrate_*_keys``).

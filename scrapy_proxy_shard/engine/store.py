@@ -659,19 +659,20 @@ class _StoreBase:
                             n.get("probes", 0), bool(raw.get("ptok")), n.get("since", 0) / 1000, n.get("trips", 0))
 
     def hold(self, pool: str, site: str, member: str, *, ttl: float, concurrency: int = 1,
-             in_flight: bool = False):
+             in_flight: bool = False, token: str | None = None):
         """Take the named slot if it is free (adopting a lease made while Redis was unreachable).
 
         Returns a ``Lease`` (with a fresh token), a
         ``LeaseWait`` with reason ``held`` when the slot is busy, or None when there is no such slot.
         ``in_flight``: the lease's request already runs, so the slot is taken even while it is cooling
         or quarantined (it becomes ready no sooner); busy then means another live lease or session
-        holds it, and the slot is kept from everyone else for ``ttl`` at least (see hold.lua).
+        holds it, and the slot is kept from everyone else for ``ttl`` at least (see hold.lua), or
+        until ``lift(pool, site, member, token)`` says that lease ended (``token``: this call's).
         """
-        return self._drive(self._hold(pool, site, member, ttl, concurrency, in_flight))
+        return self._drive(self._hold(pool, site, member, ttl, concurrency, in_flight, token))
 
-    def _hold(self, pool, site, member, ttl, concurrency, in_flight=False) -> Plan:
-        token = self._token()
+    def _hold(self, pool, site, member, ttl, concurrency, in_flight=False, token=None) -> Plan:
+        token = token or self._token()
         request = _Script("hold", keyset.script_keys("hold", self.prefix(pool), site, token=token), (
             site, member, int(concurrency), _ms(ttl), token, self.host_id, self.site_idle_ms,
             "1" if in_flight else "0",
@@ -689,6 +690,17 @@ class _StoreBase:
         if reply[0] == "MIGRATE":
             return LeaseWait(0.001, "held")
         return None
+
+    def lift(self, pool: str, site: str, member: str, token: str, *, gap: float = 0.0):
+        """The lease whose in-flight ``hold`` (call ``token``) was refused has ended: its part of the
+        slot's overlap floor ends now; a slot nobody holds is ready ``gap`` seconds from now (lift.lua).
+        Returns the slot's ready time (Redis clock, s; 0: no such slot)."""
+        return self._drive(self._lift(pool, site, member, token, gap))
+
+    def _lift(self, pool, site, member, token, gap) -> Plan:
+        reply = yield _Script("lift", keyset.script_keys("lift", self.prefix(pool), site), (
+            site, member, token, _ms(gap)))
+        return int(reply[1]) / 1000
 
     def end_session(self, pool: str, site: str, session_id: str, *, min_interval: float = 0.0):
         """End a sticky session now; its proxy goes back to the site when its last use's pacing
@@ -934,6 +946,17 @@ class _StoreBase:
                                       _int(record.get("since")) / 1000, _json_object(str(record.get("info", "{}"))),
                                       int(leases), int(ok), int(err), int(bans), dict(sorted(load.items()))))
         return sorted(records, key=lambda r: r.host)
+
+    def host_list(self, pool: str):
+        """The pool's live hosts as ``(now, [(host, alive_until, since, last_read), ...])`` (Redis
+        clock, s; 0 when unknown), this read stamped as this host's last read (host_list.lua)."""
+        return self._drive(self._host_list(pool))
+
+    def _host_list(self, pool) -> Plan:
+        reply = yield _Script("host_list", keyset.script_keys("host_list", self.prefix(pool)), (self.host_id,))
+        rows = [(str(reply[i]), int(reply[i + 1]) / 1000, int(reply[i + 2]) / 1000, int(reply[i + 3]) / 1000)
+                for i in range(3, 3 + 4 * int(reply[2]), 4)]
+        return int(reply[1]) / 1000, rows
 
     def live_hosts(self, pool: str | None = None):
         """Ids of the live hosts of ``pool``, or of every pool of the namespace when None."""

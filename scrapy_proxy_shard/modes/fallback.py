@@ -3,8 +3,10 @@
 While Redis answers, the host keeps a snapshot of each pool it uses (proxies and running quarantines)
 and of the host list, refreshed every ``PROXY_SHARD_SNAPSHOT_INTERVAL`` (one extra round trip per
 interval, never per request). When Redis stops answering, the host switches to an in-process engine
-holding only *its* rendezvous-hash slice of that snapshot over that host list: every host computes
-the same split, so hosts still do not overlap; pacing, bans and sessions keep working locally.
+holding only *its* rendezvous-hash slice of that snapshot over that host list; pacing, bans and
+sessions keep working locally. The host list is re-read every interval and a host takes a slice only
+when no other host can hold one that overlaps it (``hostview.py`` states the rule and why it holds);
+otherwise it takes none and its requests wait for Redis.
 
 It probes Redis with exponential backoff. When Redis answers again it (1) reloads a pool that came
 back empty (a restart without persistence) from the snapshot, (2) writes the quarantines it learned
@@ -16,8 +18,8 @@ alone again. Requests in flight are neither lost nor duplicated: each lease is r
 that issued it.
 
 What it does not cover: a *partial* partition (this host cannot reach Redis while others can) lets
-other hosts lease proxies of this host's slice meanwhile; and hosts must agree on the host list
-(``PROXY_SHARD_HOSTS``, or the live hosts registered in Redis at the last snapshot).
+other hosts lease proxies of this host's slice meanwhile; a configured ``PROXY_SHARD_HOSTS`` is
+trusted to be the same on every host.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from scrapy_proxy_shard.exceptions import (
     ProxyShardError,
     UnknownPoolError,
 )
+from scrapy_proxy_shard.modes.hostview import HostView, SliceDecision, decide
 from scrapy_proxy_shard.modes.pools import embedded_store, initial_proxies
 from scrapy_proxy_shard.modes.sharding import slice_for
 from scrapy_proxy_shard.settings import ShardSettings
@@ -79,7 +82,6 @@ async def replay_bans(store: PoolBackend, pool: str, records) -> int:
 class _Snapshot:
     proxies: dict[str, list[Proxy]] = field(default_factory=dict)
     bans: dict[str, list[BanRecord]] = field(default_factory=dict)
-    hosts: tuple[str, ...] = ()
 
 
 class FallbackPoolStore(PoolBackend):
@@ -100,12 +102,16 @@ class FallbackPoolStore(PoolBackend):
         self.snapshot = _Snapshot()
         self._local_leases: dict[str, Lease] = {}  # token -> lease issued by the local engine
         self._adopted: dict[str, Lease] = {}  # local token -> the Redis lease that adopted it
+        self._overlapped: dict[str, str] = {}  # local token -> token of the hold Redis refused (an overlap)
         self._probe: asyncio.Task | None = None
         self._entered_at = 0.0
         self._grace_until = 0.0
         self._site_concurrency: dict[tuple[str, str], int] = {}
         self._entering: asyncio.Future | None = None
         self._snapshot_at: dict[str, float] = {}
+        self._views: dict[str, HostView] = {}  # pool -> the live hosts this host read last (hostview.py)
+        self._views_at: dict[str, float] = {}
+        self._decisions: dict[str, SliceDecision] = {}  # pool -> the hosts it slices over in this fallback
         self._silent_since: float | None = None  # first timeout of the current silence of Redis
 
     # --- the PoolBackend interface -----------------------------------------------------------------
@@ -144,10 +150,15 @@ class FallbackPoolStore(PoolBackend):
 
     async def heartbeat(self, pool: str, *, ttl: float, info: dict[str, Any] | None = None, always: bool = True,
                         bucket: float = 60.0, keep: float = 3600.0, token: str = "") -> Beat | None:
-        return await self.primary.heartbeat(pool, ttl=ttl, info=info, always=always, bucket=bucket, keep=keep,
+        beat = await self.primary.heartbeat(pool, ttl=ttl, info=info, always=always, bucket=bucket, keep=keep,
                                             token=token)
+        if beat is not None and self.state == "redis" and pool in self.snapshot.proxies:
+            await self._quietly(self._refresh_hosts(pool))  # an idle host's list stays fresh too
+        return beat
 
     async def leave(self, pool: str, token: str = "") -> bool:
+        self._views.pop(pool, None)  # out of the others' lists from now on: no slice of this pool
+        self._views_at[pool] = float("inf")
         return await self.primary.leave(pool, token)
 
     async def ping(self) -> bool:
@@ -184,8 +195,9 @@ class FallbackPoolStore(PoolBackend):
 
     async def start_offline(self, reason: BaseException) -> None:
         """Begin in fallback (Redis down at start, ``PROXY_SHARD_REDIS_DOWN_AT_START = 'fallback'``):
-        the snapshot is ``PROXY_SHARD_PROXIES`` over ``PROXY_SHARD_HOSTS``."""
-        self.snapshot = _Snapshot(proxies=initial_proxies(self.settings), hosts=self.settings.hosts)
+        the snapshot is ``PROXY_SHARD_PROXIES`` over ``PROXY_SHARD_HOSTS`` (without it, no slice: the
+        host never read a host list, so its requests wait for Redis)."""
+        self.snapshot = _Snapshot(proxies=initial_proxies(self.settings))
         await self._enter_fallback(reason)
 
     async def lease(self, pool: str, site: str, *, ttl: float, concurrency: int = 1,
@@ -236,6 +248,10 @@ class FallbackPoolStore(PoolBackend):
             adopted = self._adopted.pop(lease.token, None)
             if adopted is not None:
                 await self._quietly(self.primary.release(adopted, **how))
+            refused = self._overlapped.pop(lease.token, None)
+            if refused is not None:  # its overlap floor in Redis ends with the request, not its lease TTL
+                await self._quietly(self.primary.lift(lease.pool, lease.site, lease.member, refused,
+                                                      gap=max(min_interval, rest_after_response)))
             return result
         try:
             result = await self.primary.release(lease, **how)
@@ -292,23 +308,43 @@ class FallbackPoolStore(PoolBackend):
             return  # keep the copy: Redis may have lost the pool (the runtime restores it from this)
         if pool not in self.snapshot.proxies or len(self.snapshot.proxies[pool]) != size:
             self.snapshot.proxies[pool] = [r.proxy for r in await self.primary.list_proxies(pool)]
-            self.snapshot.hosts = await self._live_hosts()
         self.snapshot.bans[pool] = await self.primary.bans(pool)
+        await self._refresh_hosts(pool)
 
-    async def _live_hosts(self) -> tuple[str, ...]:
-        if self.settings.hosts:
-            return self.settings.hosts
-        hosts = tuple(await self.primary.live_hosts())
-        if hosts:
-            return tuple(sorted(set(hosts) | {self.host_id}))
-        return (self.host_id,)
+    async def _refresh_hosts(self, pool: str) -> None:
+        """Every ``PROXY_SHARD_SNAPSHOT_INTERVAL`` (at a lease or a heartbeat): the pool's live hosts,
+        this read stamped in Redis as this host's last (``host_list.lua``, one round trip). Not with a
+        configured ``PROXY_SHARD_HOSTS``: that list is the one every host slices over."""
+        now = self.clock()
+        if self.settings.hosts or now - self._views_at.get(pool, -1e18) < self.settings.snapshot_interval:
+            return
+        self._views_at[pool] = now
+        redis_now, rows = await self.primary.host_list(pool)
+        window = max(self.settings.host_ttl, 3 * self.settings.snapshot_interval)
+        self._views.setdefault(pool, HostView()).update(redis_now, rows, self.clock(), window)
+
+    def _decision(self, pool: str) -> SliceDecision:
+        """The hosts this host slices ``pool`` over in this fallback, decided once when it starts."""
+        if pool not in self._decisions:
+            if self.settings.hosts:
+                decision = SliceDecision(tuple(sorted(self.settings.hosts)))
+            else:
+                decision = decide(self._views.get(pool), self.host_id, self.clock())
+            self._decisions[pool] = decision
+            if decision.hosts is None:
+                self._inc("no_slice")
+                logger.warning("proxy_shard: pool %(pool)r: this host takes no slice while Redis is unreachable "
+                               "(%(why)s); its requests wait for Redis", {"pool": pool, "why": decision.reason})
+        return self._decisions[pool]
 
     def _my_slice(self, pool: str) -> list[Proxy]:
+        """This host's rendezvous slice (never modulo: only rendezvous keeps slices apart when hosts'
+        lists differ; see hostview.py), or nothing when it may not take one."""
         proxies = {p.id: p for p in self.snapshot.proxies.get(pool, [])}
-        hosts = self.snapshot.hosts or (self.host_id,)
-        if self.host_id not in hosts:
-            hosts = (*hosts, self.host_id)
-        mine = set(slice_for(proxies, hosts, self.host_id, self.settings.sharding)) if proxies else set()
+        hosts = self._decision(pool).hosts
+        if not proxies or hosts is None:
+            return []
+        mine = set(slice_for(proxies, hosts, self.host_id, "consistent"))
         return [p for pid, p in proxies.items() if pid in mine]
 
     # --- switching -------------------------------------------------------------------------------
@@ -346,6 +382,7 @@ class FallbackPoolStore(PoolBackend):
 
     async def _prepare_fallback(self, exc: BaseException) -> None:
         self._entered_at = self.clock()
+        self._decisions.clear()
         local = self._ensure_local()
         loaded = 0
         warmup = self.settings.fallback_warmup
@@ -367,8 +404,9 @@ class FallbackPoolStore(PoolBackend):
         self._inc("entered")
         logger.warning(
             "proxy_shard: Redis unreachable (%(error)s): using this host's slice of the last snapshot "
-            "(%(n)d proxies over %(hosts)d hosts) until it answers again",
-            {"error": exc, "n": loaded, "hosts": len(self.snapshot.hosts or (1,))},
+            "(%(n)d proxies over %(hosts)s hosts) until it answers again",
+            {"error": exc, "n": loaded, "hosts": "/".join(
+                str(len(d.hosts)) if d.hosts else "no" for d in self._decisions.values()) or "no"},
         )
         if self._probe is None or self._probe.done():
             self._probe = asyncio.ensure_future(self._probe_redis())
@@ -444,10 +482,13 @@ class FallbackPoolStore(PoolBackend):
             return
         concurrency = self._site_concurrency.get((lease.pool, lease.site), 1)
         ttl = max(1.0, lease.expires_at - time.time())
+        hold_token = f"{token}.hold"
         held = await self.primary.hold(lease.pool, lease.site, lease.member, ttl=ttl, concurrency=concurrency,
-                                       in_flight=in_flight)
+                                       in_flight=in_flight, token=hold_token)
         if not isinstance(held, Lease):
             self._inc("leases_overlapped" if in_flight and held is not None else "leases_not_adopted")
+            if in_flight and held is not None and token in self._local_leases:
+                self._overlapped[token] = hold_token
         elif token not in self._local_leases:
             # The request ended while hold() ran: release() found nothing adopted to give back, and
             # nobody else would ever release this Redis lease (its slot stayed held for the TTL).
@@ -461,6 +502,7 @@ class FallbackPoolStore(PoolBackend):
         self.state = "redis"
         self._entering = None
         self._snapshot_at.clear()  # refresh at the next lease
+        self._views_at.clear()
         self._inc("exited")
         if self.stats is not None:
             self.stats.inc_value(f"{STATS}/seconds", seconds)

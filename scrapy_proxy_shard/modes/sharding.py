@@ -3,7 +3,8 @@
 Used when there is no shared Redis (static mode) and when Redis is unreachable (fallback): each host
 computes the same assignment from the same inputs, so hosts never overlap without talking.
 
-- ``modulo``: proxy i goes to host ``i % n`` (by the proxy's position in the sorted id list).
+- ``modulo``: proxy i goes to host ``i % n`` (by the proxy's position in the sorted id list, over the
+  sorted host list, so the order the hosts are listed in does not matter).
   Simple, but changing the number of hosts moves almost every proxy.
 - ``consistent``: rendezvous (highest-random-weight) hashing: each proxy goes to the host with the
   highest ``hash(host, proxy)``. A joining host takes about 1/(n+1) of the proxies, all from the
@@ -39,7 +40,8 @@ def assign(items: Iterable[str], hosts: Sequence[str], strategy: str = "consiste
     ordered = sorted(set(items))
     if strategy == "consistent":
         return {item: rendezvous_owner(item, hosts) for item in ordered}
-    if strategy == "modulo":
+    if strategy == "modulo":  # over the sorted host list: the same hosts in another order, the same split
+        hosts = sorted(hosts)
         return {item: hosts[i % len(hosts)] for i, item in enumerate(ordered)}
     raise SettingError(f"PROXY_SHARD_SHARDING ({strategy!r}) must be one of {', '.join(STRATEGIES)}")
 

@@ -403,6 +403,25 @@ local function not_before_floor(at, floor)
   return at
 end
 
+-- The overlapping local leases a floor stands for: {token = end_ms} of those not ended by now, kept
+-- under floor_field(member) .. 'o' as "token=end,token=end" (hold.lua adds, lift.lua removes).
+local function overlap_ends(member, now)
+  local ends = {}
+  for token, at in string.gmatch(redis.call('HGET', K_SITE, floor_field(member) .. 'o') or '', '([^=,]+)=(%d+)') do
+    if tonumber(at) > now then ends[token] = tonumber(at) end
+  end
+  return ends
+end
+local function set_overlap_ends(member, ends)
+  local parts = {}
+  for token, at in pairs(ends) do parts[#parts + 1] = token .. '=' .. string.format('%d', at) end
+  if #parts > 0 then
+    redis.call('HSET', K_SITE, floor_field(member) .. 'o', table.concat(parts, ','))
+  else
+    redis.call('HDEL', K_SITE, floor_field(member) .. 'o')
+  end
+end
+
 -- Drop a slot's held record and its overlap floor; returns `at`, or the floor if later: when the
 -- freed slot may be handed out. For the rare paths (release.lua reads both fields with its one
 -- record read instead).

@@ -7,7 +7,8 @@
 -- than before, and the release paces it as any other); if another live record has it (the overlap
 -- happened during the outage), the slot's ready score is pushed to at least now + TTL (GT) and the
 -- answer is BUSY: nobody else is handed it before then, even when that holder releases it earlier
--- (the overlap floor, see floor_field).
+-- (the overlap floor, see floor_field) until that lease ends: its host calls lift.lua with this
+-- call's token when its request ends, and the floor then drops to the other overlaps' ends, if any.
 -- KEYS: memo proxies meta order bans pstats hstats siteidx site ready
 --        (roles in order, see engine/keyset.py: memo = P:done:hold:<token>, per-site keys of ARGV[1])
 -- ARGV[1]  site    ARGV[2]  member "<id>/<k>"    ARGV[3]  concurrency (slots per proxy, if the
@@ -63,6 +64,10 @@ if ARGV[8] == '1' then
   if other then
     redis.call('ZADD', ready, 'GT', ready_at, member)
     redis.call('HSET', K_SITE, floor_field(member), not_before_floor(ready_at, rec[2]))
+    -- Each overlapping lease's own end, by this call's token: lift.lua ends its part when it ends.
+    local ends = overlap_ends(member, now)
+    ends[token] = ready_at
+    set_overlap_ends(member, ends)
     touch_site(site, ready_at, idle, now)
     return {'BUSY', held_until(other) - now}
   end
