@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from scrapy_proxy_shard.engine.pacing import AutothrottleOptions
@@ -523,7 +523,11 @@ class FallbackPoolStore(PoolBackend):
                 self._inc("empty_slice_waits")
                 return LeaseWait(EMPTY_SLICE_WAIT, "pool")
             if not isinstance(result, Lease):
-                return result
+                # The local engine knows this host's slice only; Redis, with the whole pool and every
+                # host's releases, may answer at the next probe. So a local wait is never firm (no
+                # request is given up as exhausted on a slice's view, crawl/liveness.py) and lasts at
+                # most until that probe, when the request asks again.
+                return replace(result, firm=False, wait=min(result.wait, self._probe_limit()))
             self._local_leases[result.token] = result
             self._inc("leases")
             if self.state == "fallback":
