@@ -15,13 +15,19 @@ seconds per call, then raises ``PoolBusy`` (a stall: the fallback store and the 
 their own rules). Neither answer ran the command, so a lease script sent again cannot lease twice
 (and the scripts memoise by token anyway). Every retry calls ``on_busy_retry``; an episode is logged
 once when it starts (WARNING) and once when Redis answers again (INFO).
+
+The plans are split by concern, as redis-py splits its commands into mixins: ``store_lease.py`` (lease,
+release, breaker, hold), ``store_admin.py`` (bans, adding and removing proxies, migration),
+``store_views.py`` (read-only views), ``store_hosts.py`` (heartbeats, live hosts) and
+``store_calls.py`` (the requests a plan yields and how they reach Redis); the records they return are
+in ``records.py``. This module composes them into ``PoolStore`` and ``AsyncPoolStore`` and exports
+what the rest of the package imports from it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import random
 import secrets
 import time
@@ -31,7 +37,6 @@ from typing import Any, Protocol, runtime_checkable
 import redis
 import redis.asyncio
 
-from scrapy_proxy_shard.engine import keyset
 from scrapy_proxy_shard.engine import schema as keys
 from scrapy_proxy_shard.engine.bans import BanOptions
 from scrapy_proxy_shard.engine.breaker import BreakerOptions
@@ -65,9 +70,10 @@ from scrapy_proxy_shard.engine.store_calls import (
     _ms,
     _Script,
 )
+from scrapy_proxy_shard.engine.store_hosts import _Hosts
 from scrapy_proxy_shard.engine.store_lease import _Leasing
 from scrapy_proxy_shard.engine.store_views import _Views
-from scrapy_proxy_shard.exceptions import HostIdTaken, PoolBackendError
+from scrapy_proxy_shard.exceptions import PoolBackendError
 
 #: What other modules import from here (the records and constants moved out are re-exported).
 __all__ = [
@@ -89,11 +95,12 @@ __all__ = [
 ]
 
 
-class _StoreBase(_Views, _Leasing, _Admin, _Calls):
+class _StoreBase(_Leasing, _Admin, _Views, _Hosts, _Calls):
     """Plans shared by both stores. Subclasses supply ``_drive`` (sync or async).
 
-    Composed of one mixin per concern, each in its own module: ``_Calls`` (store_calls.py), ``_Admin``
-    (store_admin.py), ``_Leasing`` (store_lease.py), ``_Views`` (store_views.py)."""
+    Composed of one mixin per concern, each in its own module: ``_Leasing`` (store_lease.py), ``_Admin``
+    (store_admin.py), ``_Views`` (store_views.py), ``_Hosts`` (store_hosts.py) and the per-call plumbing
+    ``_Calls`` (store_calls.py); this class holds the state they share (``__init__``)."""
 
     def __init__(
         self,
@@ -146,84 +153,6 @@ class _StoreBase(_Views, _Leasing, _Admin, _Calls):
         self._encode_key = _key_encoder(client)
         self._packed: dict[int, tuple[BreakerOptions, str]] = {}  # id(options) -> (options, packed)
         self._quiet_ban: tuple[BanOptions, tuple] | None = None  # (options, a non-ban release's ban args)
-
-    # --- health: heartbeats and read-only views (CLI, exporter, log line) ----------------------
-    def heartbeat(self, pool: str, *, ttl: float, info: dict[str, Any] | None = None, always: bool = True,
-                  bucket: float = 60.0, keep: float = 3600.0, token: str = ""):
-        """Register this host (``host_id``) as alive in ``pool`` for ``ttl`` seconds and record its load.
-
-        With ``always=False`` nothing is written unless the host leased from the pool or is registered
-        there already (returns None). Returns a ``Beat`` summary of the pool otherwise. ``token``: the
-        process's instance token; ``HostIdTaken`` when a live record of the id holds another one.
-        """
-        return self._drive(self._heartbeat(pool, ttl, info, always, bucket, keep, token))
-
-    def _heartbeat(self, pool, ttl, info, always, bucket, keep, token="") -> Plan:
-        prefix = self.prefix(pool)
-        reply = yield _Script("host_beat", keyset.script_keys("host_beat", prefix), (
-            self.host_id, max(1, _ms(ttl)), json.dumps(info or {}, sort_keys=True), "1" if always else "0",
-            max(1, _ms(bucket)), max(1, _ms(keep)), token,
-        ))
-        if reply[0] == "TAKEN":
-            raise HostIdTaken(self.host_id, pool, int(reply[1]) / 1000, int(reply[2]) / 1000)
-        if reply[0] != "OK":
-            return None
-        now, proxies, live, leases, ok, err, bans, n = (int(x) for x in reply[1:9])
-        names = list(reply[9:9 + n])
-        sites = {}
-        if names:  # their slots and free slots: a second call, with the sites' keys declared
-            counts = yield _Script("sites", keyset.sites_keys(prefix, names), ("1",))
-            sites = {site: (int(counts[3 * i + 1]), int(counts[3 * i + 2]))
-                     for i, site in enumerate(names) if counts[3 * i] != ""}
-        return Beat(now / 1000, proxies, live, leases, ok, err, bans, sites)
-
-    def leave(self, pool: str, token: str = ""):
-        """Take this host out of the pool's live hosts now (a closing crawl); True if it was there.
-        ``token``: only if its record is this instance's (not another process's that took the id over)."""
-        return self._drive(self._leave(pool, token))
-
-    def _leave(self, pool, token="") -> Plan:
-        reply = yield _Script("host_leave", keyset.script_keys("host_leave", self.prefix(pool)), (self.host_id, token))
-        return bool(int(reply[1]))
-
-    def hosts(self, pool: str):
-        """Live hosts of a pool (heartbeat within their TTL), by host id."""
-        return self._drive(self._hosts(pool))
-
-    def _hosts(self, pool) -> Plan:
-        reply = yield _Script("hosts", keyset.script_keys("hosts", self.prefix(pool)), ())
-        records = []
-        for i in range(3, 3 + 8 * int(reply[2]), 8):
-            host, until, raw, leases, ok, err, bans, raw_load = reply[i:i + 8]
-            record = _json_object(raw)
-            load = {int(minute) / 1000: int(n) for minute, n in _json_object(raw_load).items()
-                    if str(minute).isdigit() and isinstance(n, (int, float))}
-            records.append(HostRecord(host, int(until) / 1000, _int(record.get("beat")) / 1000,
-                                      _int(record.get("since")) / 1000, _json_object(str(record.get("info", "{}"))),
-                                      int(leases), int(ok), int(err), int(bans), dict(sorted(load.items()))))
-        return sorted(records, key=lambda r: r.host)
-
-    def host_list(self, pool: str):
-        """The pool's live hosts as ``(now, [(host, alive_until, since, last_read), ...])`` (Redis
-        clock, s; 0 when unknown), this read stamped as this host's last read (host_list.lua)."""
-        return self._drive(self._host_list(pool))
-
-    def _host_list(self, pool) -> Plan:
-        reply = yield _Script("host_list", keyset.script_keys("host_list", self.prefix(pool)), (self.host_id,))
-        rows = [(str(reply[i]), int(reply[i + 1]) / 1000, int(reply[i + 2]) / 1000, int(reply[i + 3]) / 1000)
-                for i in range(3, 3 + 4 * int(reply[2]), 4)]
-        return int(reply[1]) / 1000, rows
-
-    def live_hosts(self, pool: str | None = None):
-        """Ids of the live hosts of ``pool``, or of every pool of the namespace when None."""
-        return self._drive(self._live_hosts(pool))
-
-    def _live_hosts(self, pool) -> Plan:
-        pools = [pool] if pool is not None else (yield from self._pools())
-        found: set[str] = set()
-        for name in pools:
-            found.update(r.host for r in (yield from self._hosts(name)))
-        return sorted(found)
 
 
 class PoolStore(_StoreBase):
@@ -476,18 +405,3 @@ class AsyncPoolStore(_StoreBase, PoolBackend):
         if self._pipe is not None:
             await self._pipe.aclose()
         await self.client.aclose()
-
-
-def _int(value: Any) -> int:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return 0
-
-
-def _json_object(text: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
