@@ -26,8 +26,10 @@ PACKAGE = Path(schema.__file__).resolve().parent.parent
 LUA = {path.name: path.read_text(encoding="utf-8") for path in sorted((PACKAGE / "engine" / "lua").glob("*.lua"))}
 STAT_HASHES = {"K_PSTATS": schema.PSTATS, "K_HSTATS": schema.HSTATS, "K_SSTATS": schema.SSTATS,
                "K_COUNTERS": schema.COUNTERS}
-#: Python modules that read the schema: none may spell a key suffix or counter field itself.
-READERS = ("engine/store.py", "engine/keyset.py", "ops/snapshot.py", "ops/views.py", "ops/exporter.py",
+#: Python modules that read the schema: none may spell a key suffix or counter field itself. The store is
+#: every engine/store*.py module (store.py composes the mixins of the others) and the records it returns.
+READERS = (*(f"engine/{path.name}" for path in sorted((PACKAGE / "engine").glob("store*.py"))),
+           "engine/records.py", "engine/keyset.py", "ops/snapshot.py", "ops/views.py", "ops/exporter.py",
            "crawl/health.py")
 
 

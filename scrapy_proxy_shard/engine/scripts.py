@@ -19,7 +19,7 @@ The hot path (``FUNCTION_OPS``: lease and release) also exists as a Redis Functi
 (``function_library``, Redis >= 7.0): the same helpers and bodies, but the helpers are defined once,
 when the library loads, instead of at every call. That prelude was the largest fixed cost of a call
 (on a 2-vCPU VM, about a tenth of a lease + release's Redis time). The store calls the functions by
-FCALL where the server has them and falls back to EVALSHA where not (see ``engine/store.py``).
+FCALL where the server has them and falls back to EVALSHA where not (see ``engine/store_calls.py``).
 """
 
 from __future__ import annotations
