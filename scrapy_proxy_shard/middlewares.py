@@ -18,7 +18,6 @@ requests that hold other proxies. ``DOWNLOAD_DELAY`` still applies per (site, pr
 
 from __future__ import annotations
 
-import inspect
 import logging
 from typing import Any
 from urllib.parse import urlsplit
@@ -274,8 +273,8 @@ class BanDetectionMiddleware:
             reason=verdict.reason or verdict.kind,
             max_retry_times=(retry_times or 0) + limit - done,
             logger=logger,
+            give_up_log_level=logging.WARNING,
             stats_base_key=f"{STATS}/ban_retries",
-            **_GIVE_UP_AT_WARNING,
         )
         if retry is None:
             raise ProxyBanned(
@@ -288,13 +287,6 @@ class BanDetectionMiddleware:
             retry.meta["retry_times"] = retry_times
         retry.meta["proxy_shard_ban_retries"] = done + 1 if charge else done
         return retry
-
-
-# ``give_up_log_level`` is newer than the oldest Scrapy we support (2.13 logs a spent budget at ERROR).
-_GIVE_UP_AT_WARNING = (
-    {"give_up_log_level": logging.WARNING}
-    if "give_up_log_level" in inspect.signature(get_retry_request).parameters else {}
-)
 
 
 def _spared(result: Any) -> bool:

@@ -70,24 +70,11 @@ def select_redis_lines(found: list[RedisBinary], wanted: str, on_ci: bool) -> li
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    _install_reactor_for_old_scrapy()
     try:
         found = find_redis_servers()
     except RedisServerNotFound as exc:
         raise pytest.UsageError(str(exc)) from None
     config.stash[_LINES] = select_redis_lines(found, config.getoption("--redis-lines"), _on_ci())
-
-
-def _install_reactor_for_old_scrapy() -> None:
-    """Scrapy 2.13's ``scrapy.utils.test.get_crawler`` (used by the unit tests) needs an installed
-    reactor, as Scrapy's own test suite installs one; later releases build the crawler without one.
-    The lowest-versions CI run (.ci/constraints-lowest.txt) is on 2.13, so install the asyncio
-    reactor there, as a crawl would."""
-    import scrapy
-    from scrapy.utils.reactor import install_reactor, is_reactor_installed
-
-    if tuple(int(p) for p in scrapy.__version__.split(".")[:2]) < (2, 14) and not is_reactor_installed():
-        install_reactor("twisted.internet.asyncioreactor.AsyncioSelectorReactor")
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:

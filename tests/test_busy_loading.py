@@ -334,7 +334,7 @@ def test_clients_keep_redis_pys_policy_but_pass_loading_on(make):
     except LOADING, which goes straight to the store; a ``retry`` of PROXY_SHARD_REDIS_PARAMS wins."""
     client = make(_settings(1))
     retry = client.connection_pool.make_connection().retry
-    assert retry.get_retries() == 1 and isinstance(redis.ConnectionError(), retry._supported_errors)
+    assert retry._retries == 1 and isinstance(redis.ConnectionError(), retry._supported_errors)
     calls = []
 
     def loading():
@@ -360,5 +360,5 @@ def test_clients_keep_redis_pys_policy_but_pass_loading_on(make):
         custom = make(ShardSettings.from_settings({"PROXY_SHARD_REDIS_URL": "redis://127.0.0.1:1/0",
                                                    "PROXY_SHARD_REDIS_PARAMS": {"retry": own}}))
         got = custom.connection_pool.make_connection().retry
-        assert type(got) is wanted and got.get_retries() == 5
+        assert type(got) is wanted and got._retries == 5  # (get_retries() is redis-py 6+)
         assert got._backoff.compute(3) == 0.25 and redis.TimeoutError in got._supported_errors
