@@ -13,8 +13,9 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from scrapy_proxy_shard.demo.redis_server import RedisServer
-from scrapy_proxy_shard.engine.proxies import proxy_id
+from scrapy_proxy_shard.engine.proxies import make_proxy, proxy_id
 from scrapy_proxy_shard.engine.store import AsyncPoolStore, PoolStore
+from scrapy_proxy_shard.exceptions import HostIdTaken
 from scrapy_proxy_shard.modes.fallback import FallbackPoolStore
 from scrapy_proxy_shard.modes.hostview import HostView, decide
 from scrapy_proxy_shard.modes.sharding import assign, slice_for
@@ -189,3 +190,48 @@ def test_three_hosts_that_read_the_pool_before_registering_take_disjoint_slices(
     assert len(taken) == len(urls) or joiner
     if joiner:
         assert not slices["host-late"]
+
+
+def test_a_host_whose_id_was_taken_takes_no_slice():
+    both = [("a", 130.0, 10.0, 100.0), ("b", 130.0, 20.0, 90.0)]
+    assert decide(_view(both), "a", 1).hosts == ("a", "b")
+    taken = decide(_view(both), "a", 1, taken=True)
+    assert taken.hosts is None and taken.reason == "host id taken"
+
+
+class _TakenPrimary:
+    """The Redis side of a fallback store: its host id was taken over by another process."""
+
+    host_id = "w1"
+
+    def __init__(self) -> None:
+        self.taken = False
+
+    async def heartbeat(self, pool, **kwargs):
+        if self.taken:
+            raise HostIdTaken("w1", pool, 130.0, 100.0)
+        return None
+
+
+@pytest.mark.parametrize("configured", [False, True])
+def test_a_fallback_store_whose_heartbeat_was_answered_taken_takes_no_slice(configured, caplog):
+    settings = ShardSettings(host_id="w1", hosts=("w1", "w2") if configured else ())
+    primary = _TakenPrimary()
+    store = FallbackPoolStore(primary, settings)  # type: ignore[arg-type]
+    store.snapshot.proxies["default"] = [make_proxy(f"http://10.9.0.{i}:3128") for i in range(1, 21)]
+    store._views["default"] = _view([("w1", 130.0, 10.0, 100.0), ("w2", 130.0, 20.0, 90.0)])
+    store.clock = lambda: 1.0
+    assert store._my_slice("default")  # the rule holds: it would take a slice
+    store._decisions.clear()
+
+    async def beat():
+        primary.taken = True
+        for _ in range(2):
+            with pytest.raises(HostIdTaken):
+                await store.heartbeat("default", ttl=30, token="t")
+
+    asyncio.run(beat())
+    with caplog.at_level("WARNING", logger="scrapy_proxy_shard"):
+        assert store._my_slice("default") == [] and store._my_slice("other") == []
+    assert store._decision("default").reason == "host id taken"
+    assert sum("host id taken" in r.getMessage() for r in caplog.records) == 1

@@ -211,3 +211,61 @@ def test_crawlers_sharing_a_host_id_in_one_process_leave_with_the_last(make_stor
 
     asyncio.run(scenario())
 
+
+
+def test_a_forked_child_rolls_its_own_instance_token():
+    import os
+    import warnings
+
+    settings = ShardSettings(host_id="w1", logstats_interval=0)
+    parent = HostMonitor(None, settings, pools=[POOL]).token
+    read, write = os.pipe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork() of a multi-threaded process
+        pid = os.fork()
+    if pid == 0:  # the child: write its monitor's token, exit at once
+        try:
+            os.write(write, HostMonitor(None, settings, pools=[POOL]).token.encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    child = os.read(read, 64).decode()
+    os.close(read)
+    os.waitpid(pid, 0)
+    assert child and parent and child != parent
+    assert HostMonitor(None, settings, pools=[POOL]).token == parent == process.instance_token()
+
+
+def test_a_crawl_whose_host_id_is_taken_over_while_running_closes_once(caplog):
+    from scrapy_proxy_shard.crawl.runtime import HOST_ID_TAKEN_REASON, ShardRuntime
+
+    class Taken(_Store):
+        async def heartbeat(self, pool, *, token="", **kwargs):
+            self.calls += 1
+            raise HostIdTaken("w1", pool, 130.0, 100.0)
+
+    class Engine:
+        spider = object()
+        reasons: list[str] = []
+
+        async def close_spider_async(self, reason):
+            self.reasons.append(reason)
+
+    crawler = get_crawler(settings_dict={"PROXY_SHARD_HOST_ID": "w1"})
+    crawler.stats.open_spider()
+    crawler.engine = Engine()
+    runtime = ShardRuntime.for_crawler(crawler)
+    monitor = HostMonitor(Taken(beats=True, until=0), runtime.settings, pools=[POOL], stats=crawler.stats,
+                          on_taken=runtime.host_id_taken)
+
+    async def scenario():
+        for _ in range(3):
+            await monitor.beat()
+        await runtime._taken_closer
+
+    with caplog.at_level(logging.ERROR, logger="scrapy_proxy_shard"):
+        asyncio.run(scenario())
+    assert Engine.reasons == [HOST_ID_TAKEN_REASON]
+    assert crawler.stats.get_value("proxy_shard/host_id_taken") == 3
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and HOST_ID_TAKEN_REASON in errors[0] and "no fallback slice" in errors[0]

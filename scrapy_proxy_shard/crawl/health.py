@@ -34,7 +34,7 @@ from typing import Any
 from scrapy_proxy_shard.crawl.logstats import PoolLogStats
 from scrapy_proxy_shard.engine.store import Beat, PoolBackend
 from scrapy_proxy_shard.exceptions import HostIdTaken, ProxyShardError, SettingError
-from scrapy_proxy_shard.modes.process import INSTANCE_TOKEN, join_host, leave_host
+from scrapy_proxy_shard.modes.process import instance_token, join_host, leave_host
 from scrapy_proxy_shard.settings import ShardSettings
 
 logger = logging.getLogger(__name__)
@@ -58,7 +58,8 @@ class HostMonitor:
     """Heartbeats for every pool this process uses, plus the periodic pool log line."""
 
     def __init__(self, store: PoolBackend, settings: ShardSettings, *, pools: Iterable[str], stats: Any = None,
-                 spider_name: str | None = None, clock: Callable[[], float] | None = None) -> None:
+                 spider_name: str | None = None, clock: Callable[[], float] | None = None,
+                 on_taken: Callable[[HostIdTaken], None] | None = None) -> None:
         self.store = store
         self.settings = settings
         self.pools = tuple(dict.fromkeys(pools))  # always registered: the spider's and configured pools
@@ -71,9 +72,10 @@ class HostMonitor:
         self._failing = False
         self._beats_done = 0
         self._idle: set[str] = set()
-        self.token = INSTANCE_TOKEN
+        self.token = instance_token()
         self._joined = False
         self._taken_logged = False
+        self.on_taken = on_taken  # called once when the id is taken over while running (the runtime closes)
         self.stats = stats
 
     @classmethod
@@ -82,7 +84,7 @@ class HostMonitor:
         from (``meta['proxy_pool']``, ``PROXY_SHARD_SITE_POOLS``, platforms) within a few beats."""
         s: ShardSettings = runtime.settings
         return cls(runtime.store, s, pools=[pool, *s.proxies], stats=runtime.stats,
-                   spider_name=getattr(spider, "name", None))
+                   spider_name=getattr(spider, "name", None), on_taken=runtime.host_id_taken)
 
     async def start(self) -> None:
         """Register at once (so ``hosts`` shows the crawl from its first second), then beat on.
@@ -190,11 +192,17 @@ class HostMonitor:
 
     def _host_taken(self, taken: HostIdTaken) -> None:
         """Another process took this host id over while this one runs (this one's beats stopped past its
-        host TTL: a stalled event loop): its record is left alone; one ERROR, counted."""
+        host TTL: a stalled event loop): its record is left alone, counted. Both processes would lease
+        as one host (the same fallback slice when Redis goes away, one host in ``hosts``), so this one
+        stops: ``on_taken`` closes the spider (one ERROR line, written there, or here without one)."""
         if self.stats is not None:
             self.stats.inc_value("proxy_shard/host_id_taken")
-        if not self._taken_logged:
-            self._taken_logged = True
+        if self._taken_logged:
+            return
+        self._taken_logged = True
+        if self.on_taken is not None:
+            self.on_taken(taken)
+        else:
             logger.error("proxy_shard: %(e)s since this crawl's heartbeats lapsed: give every process its own "
                          "PROXY_SHARD_HOST_ID", {"e": taken})
 

@@ -29,6 +29,7 @@ from scrapy_proxy_shard.engine.schema import check_name
 from scrapy_proxy_shard.engine.sites import SiteMap, site_of_request
 from scrapy_proxy_shard.engine.store import Lease, LeaseWait, PoolBackend, ReleaseResult
 from scrapy_proxy_shard.exceptions import (
+    HostIdTaken,
     NoProxyAvailable,
     PoolBackendError,
     PoolBusy,
@@ -61,6 +62,8 @@ EMPTY_POOL_PAUSE = 0.5
 # (pool, site) pairs remembered as exhausted (asks go through the gate); beyond it, forgotten at once.
 EXHAUSTED_SITES = 10_000
 STATS = "proxy_shard"
+#: The close reason of a crawl whose host id another process took over while it ran (health.py).
+HOST_ID_TAKEN_REASON = "proxy_shard_host_id_taken"
 
 
 @dataclass
@@ -148,6 +151,8 @@ class ShardRuntime:
         #: Fails a request at once when no proxy can serve its site in time; closes an exhausted crawl.
         self.liveness = Liveness(crawler, self.stats, settings.max_wait, lambda: len(self._held))
         self.open_error: ProxyShardError | None = None
+        self.host_id_lost = False  # another process took this crawl's host id over (host_id_taken)
+        self._taken_closer: asyncio.Future | None = None
 
     @classmethod
     def for_crawler(cls, crawler: Any) -> ShardRuntime:
@@ -271,11 +276,38 @@ class ShardRuntime:
             logger.warning("proxy_shard: %(e)s: starting in fallback (PROXY_SHARD_REDIS_DOWN_AT_START)", {"e": exc})
             await self.store.start_offline(exc)
 
+    def host_id_taken(self, taken: HostIdTaken) -> None:
+        """Another process took this crawl's host id over (this one's heartbeats lapsed past its host
+        TTL): both would lease as one host, and take the same fallback slice if Redis went away (the
+        fallback store refuses this one any slice from now on). So this crawl stops: one ERROR line,
+        the spider closed with ``proxy_shard_host_id_taken``, exit code 1."""
+        self.host_id_lost = True
+        logger.error("proxy_shard: closing the spider (%(reason)s): %(e)s since this crawl's heartbeats lapsed "
+                     "(its event loop stalled past PROXY_SHARD_HOST_TTL); it takes no fallback slice from now on; "
+                     "give every process its own PROXY_SHARD_HOST_ID",
+                     {"reason": HOST_ID_TAKEN_REASON, "e": taken})
+        try:
+            engine = self.crawler.engine
+        except (AttributeError, RuntimeError):
+            engine = None
+        if engine is None or getattr(engine, "spider", None) is None:
+            return  # not crawling under an engine (a test harness)
+        self._taken_closer = asyncio.ensure_future(self._close_taken(engine))
+
+    @staticmethod
+    async def _close_taken(engine: Any) -> None:
+        try:
+            await engine.close_spider_async(reason=HOST_ID_TAKEN_REASON)
+        except Exception as exc:  # already closed meanwhile
+            logger.debug("proxy_shard: closing the spider: %(e)r", {"e": exc})
+
     async def spider_closed(self, spider: Any = None, reason: str | None = None) -> None:
         """Give back every lease still held, then close the Redis connection."""
         if self._stopping is not None:
             self._stopping.set()
         self.liveness.spider_closed(reason)
+        if reason == HOST_ID_TAKEN_REASON and self.host_id_lost:
+            self.crawler.spider = None  # exit code 1 (the runners count a crawler without a spider as failed)
         leases, self._held = list(self._held.values()), {}
         self._inflight.clear()
         released = 0

@@ -44,13 +44,14 @@ from scrapy_proxy_shard.engine.store import (
     ReleaseResult,
 )
 from scrapy_proxy_shard.exceptions import (
+    HostIdTaken,
     PoolBackendError,
     PoolBusy,
     PoolUnreachable,
     ProxyShardError,
     UnknownPoolError,
 )
-from scrapy_proxy_shard.modes.hostview import HostView, SliceDecision, decide
+from scrapy_proxy_shard.modes.hostview import HOST_ID_TAKEN, HostView, SliceDecision, decide
 from scrapy_proxy_shard.modes.pools import embedded_store, initial_proxies
 from scrapy_proxy_shard.modes.sharding import slice_for
 from scrapy_proxy_shard.settings import ShardSettings
@@ -113,6 +114,8 @@ class FallbackPoolStore(PoolBackend):
         self._views_at: dict[str, float] = {}
         self._decisions: dict[str, SliceDecision] = {}  # pool -> the hosts it slices over in this fallback
         self._silent_since: float | None = None  # first timeout of the current silence of Redis
+        self.host_id_taken = False  # a heartbeat was answered TAKEN: never a slice again (hostview.py)
+        self._taken_logged = False
 
     # --- the PoolBackend interface -----------------------------------------------------------------
     @property
@@ -150,8 +153,17 @@ class FallbackPoolStore(PoolBackend):
 
     async def heartbeat(self, pool: str, *, ttl: float, info: dict[str, Any] | None = None, always: bool = True,
                         bucket: float = 60.0, keep: float = 3600.0, token: str = "") -> Beat | None:
-        beat = await self.primary.heartbeat(pool, ttl=ttl, info=info, always=always, bucket=bucket, keep=keep,
-                                            token=token)
+        try:
+            beat = await self.primary.heartbeat(pool, ttl=ttl, info=info, always=always, bucket=bucket,
+                                                keep=keep, token=token)
+        except HostIdTaken:
+            # Another process took this host id over (this one's heartbeats lapsed): it computes the
+            # same slice for the id, so this process must never take one, in this outage or a later.
+            if not self.host_id_taken:
+                self.host_id_taken = True
+                self._decisions.clear()  # decided again, to no slice
+                self._inc("host_id_taken")
+            raise
         if beat is not None and self.state == "redis" and pool in self.snapshot.proxies:
             await self._quietly(self._refresh_hosts(pool))  # an idle host's list stays fresh too
         return beat
@@ -326,13 +338,20 @@ class FallbackPoolStore(PoolBackend):
     def _decision(self, pool: str) -> SliceDecision:
         """The hosts this host slices ``pool`` over in this fallback, decided once when it starts."""
         if pool not in self._decisions:
-            if self.settings.hosts:
+            if self.settings.hosts and not self.host_id_taken:
                 decision = SliceDecision(tuple(sorted(self.settings.hosts)))
             else:
-                decision = decide(self._views.get(pool), self.host_id, self.clock())
+                decision = decide(self._views.get(pool), self.host_id, self.clock(), taken=self.host_id_taken)
             self._decisions[pool] = decision
             if decision.hosts is None:
                 self._inc("no_slice")
+            if decision.reason == HOST_ID_TAKEN:
+                if not self._taken_logged:  # once per process, not per pool and outage
+                    self._taken_logged = True
+                    logger.error("proxy_shard: this host takes no slice of any pool while Redis is unreachable "
+                                 "(%(why)s: another process heartbeats as %(id)r); its requests wait for Redis",
+                                 {"why": decision.reason, "id": self.host_id})
+            elif decision.hosts is None:
                 logger.warning("proxy_shard: pool %(pool)r: this host takes no slice while Redis is unreachable "
                                "(%(why)s); its requests wait for Redis", {"pool": pool, "why": decision.reason})
         return self._decisions[pool]

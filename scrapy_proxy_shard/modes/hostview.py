@@ -19,6 +19,9 @@ read (``read``), all on Redis's clock. A host Y takes a slice at the outage only
    its list (that read's or a later one) then holds Y, since Y stayed registered (2). A host that
    has never read takes no slice unless its first read comes later, and that read holds Y.
 
+A host whose heartbeat Redis answered TAKEN (another process took its host id over after its own
+heartbeats lapsed) takes no slice at all: the other process computes the same slice for that id.
+
 Two hosts X and Y that both pass: say X registered first. Y's last read came after Y registered,
 while X was live (X's rule 2), so Y's list holds X; and X's last read seen by Y came after Y
 registered (Y's rule 3), so X's list holds Y. Every list is also kept a *superset*: the hosts seen
@@ -68,8 +71,15 @@ class SliceDecision:
     reason: str = ""
 
 
-def decide(view: HostView | None, me: str, now_mono: float) -> SliceDecision:
-    """Apply the rule of the module docstring at the outage (``now_mono``: this host's clock)."""
+#: The reason of a host whose id another process took over (its heartbeat was answered TAKEN).
+HOST_ID_TAKEN = "host id taken"
+
+
+def decide(view: HostView | None, me: str, now_mono: float, *, taken: bool = False) -> SliceDecision:
+    """Apply the rule of the module docstring at the outage (``now_mono``: this host's clock).
+    ``taken``: another process holds this host id now; it would compute this very slice, so none."""
+    if taken:
+        return SliceDecision(None, HOST_ID_TAKEN)
     if view is None or not view.read_at:
         return SliceDecision(None, "no host list was read from Redis before it went away")
     mine = view.entries.get(me)

@@ -14,11 +14,13 @@ use are the same exits, so whatever arbitrates them must be one:
 - **One instance token per process** (``INSTANCE_TOKEN``): heartbeats carry it, so Redis can tell
   another *process* using the same host id (refused at open, see ``crawl/health.py``) from another
   crawler of this process that was given the same id on purpose (one host: shared engines, one
-  heartbeat record, left only when its last crawler closes: ``host_users``).
+  heartbeat record, left only when its last crawler closes: ``host_users``). A forked child rolls
+  its own token (``os.register_at_fork``): forked workers given one configured id are told apart too.
 """
 
 from __future__ import annotations
 
+import os
 import secrets
 import threading
 from typing import TYPE_CHECKING, Any
@@ -30,6 +32,22 @@ if TYPE_CHECKING:
 
 #: This process's instance token (random; never a credential): see the module docstring.
 INSTANCE_TOKEN = secrets.token_hex(8)
+
+
+def instance_token() -> str:
+    """This process's instance token now (read it through this: a fork re-rolls it)."""
+    return INSTANCE_TOKEN
+
+
+def _reroll_in_child() -> None:
+    """A forked child is another process: its own token, and none of its parent's host users."""
+    global INSTANCE_TOKEN
+    INSTANCE_TOKEN = secrets.token_hex(8)
+    _host_users.clear()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_reroll_in_child)
 
 _lock = threading.Lock()
 _servers: dict[tuple[str, str], list] = {}  # (kind, namespace) -> [FakeServer, users]
