@@ -396,3 +396,39 @@ def test_migrate_brings_a_pool_of_the_previous_layout_onto_the_current_one(env, 
     assert real_redis.zcard(f"{p}:{schema.ORDER}") == 2 and not real_redis.exists(f"{p}:{schema.LEGACY_SITES}")
     assert store.sites("default") == {"shop.example": 1}
     assert "already on the current layout" in invoke(env, "migrate").stdout
+
+
+def _layout2_pool(store, real_redis, pool: str, url: str) -> str:
+    """A pool written before exits were the identity: the proxy's id hashed from its URL; returns it."""
+    import hashlib
+
+    from scrapy_proxy_shard.engine import schema
+    from scrapy_proxy_shard.engine.proxies import make_proxy
+
+    store.add_proxies(pool, [url])
+    p = store.prefix(pool)
+    new = make_proxy(url).id
+    old = hashlib.blake2b(url.encode(), digest_size=8).hexdigest()
+    real_redis.hdel(f"{p}:{schema.PROXIES}", new)
+    real_redis.zrem(f"{p}:{schema.ORDER}", new)
+    real_redis.hset(f"{p}:{schema.PROXIES}", old, url)
+    real_redis.zadd(f"{p}:{schema.ORDER}", {old: 1})
+    real_redis.hset(f"{p}:{schema.META}", schema.META_LAYOUT, "2")
+    return new
+
+
+def test_migrate_rests_rekeyed_proxies_a_safe_warmup_or_the_one_given(env, store, real_redis):
+    """A request through an old id may run as long as its lease (max(60, DOWNLOAD_TIMEOUT + 30) s): the
+    re-keyed proxy must rest that long, not a fixed 60 s."""
+    for bad in ("-1", "nan", "abc", "1e9"):
+        result = invoke(env, "migrate", "--warmup", bad)
+        assert result.exit_code == 2 and "--warmup" in result.stderr, result.stderr
+        assert len([line for line in result.stderr.splitlines() if line.startswith("Error")]) == 1
+    new = _layout2_pool(store, real_redis, "default", "http://10.2.1.1:8080")
+    assert "pool 'default': migrated" in invoke(env, "--pool", "default", "migrate").stdout
+    rest = [b for b in store.bans("default") if b.proxy_id == new]
+    assert len(rest) == 1 and rest[0].scope == "*" and 590 <= rest[0].until - time.time() <= 600
+    new = _layout2_pool(store, real_redis, "slow", "http://10.2.1.2:8080")
+    assert "pool 'slow': migrated" in invoke(env, "--pool", "slow", "migrate", "--warmup", "1830").stdout
+    rest = [b for b in store.bans("slow") if b.proxy_id == new]
+    assert len(rest) == 1 and 1820 <= rest[0].until - time.time() <= 1830

@@ -19,8 +19,13 @@ from scrapy_proxy_shard.exceptions import UnknownPoolError
 
 #: Entries per page of the in-place migration of a pool written by an older version (``migrate``).
 MIGRATE_PAGE = 500
-#: Seconds a proxy re-keyed by the migration rests (the default lease TTL; a lease passes its own).
+#: Seconds a proxy re-keyed by the migration a lease runs rests when that lease names no TTL (a lease
+#: passes its own TTL).
 MIGRATE_WARMUP = 60.0
+#: Seconds a proxy re-keyed by ``migrate`` (and ``scrapy-proxy-shard migrate``) rests by default: longer
+#: than a crawl's lease TTL unless DOWNLOAD_TIMEOUT or PROXY_SHARD_LEASE_TTL exceed 570 s (a crawl's
+#: lease TTL is max(60, DOWNLOAD_TIMEOUT + 30)); pass that crawl's lease TTL then (``--warmup``).
+MIGRATE_SAFE_WARMUP = 600.0
 #: Proxies per add / remove script call: each call is O(log N) per proxy, so a page bounds its Redis time.
 ADMIN_PAGE = 500
 
@@ -139,13 +144,14 @@ class _Admin:
             removed += int(reply[1])
         return removed
 
-    def migrate(self, pool: str, *, warmup: float = MIGRATE_WARMUP):
+    def migrate(self, pool: str, *, warmup: float = MIGRATE_SAFE_WARMUP):
         """Bring a pool written by an older version (sites listed in P:sites, no add numbers; proxy ids
         hashed from URLs rather than exits) onto the current layout, a page at a time (every script call
         declares its keys). Runs by itself at the first lease or hold that meets such a pool
         (``scrapy-proxy-shard migrate`` runs it ahead); idempotent, and harmless when two hosts run it
-        at once. A re-keyed proxy rests ``warmup`` seconds (a lease TTL: requests sent through its old
-        id may still run). Returns False when there was nothing to migrate."""
+        at once. A re-keyed proxy rests ``warmup`` seconds, proxy-wide: a request sent through its old id
+        may still run until its lease expires, so it must be at least the longest lease TTL of the crawls
+        using the pool (default ``MIGRATE_SAFE_WARMUP``). Returns False when there was nothing to migrate."""
         return self._drive(self._migrate(pool, warmup))
 
     def _migrate(self, pool, warmup: float = MIGRATE_WARMUP) -> Plan:

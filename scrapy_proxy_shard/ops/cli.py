@@ -30,6 +30,7 @@ from scrapy_proxy_shard.engine.proxies import PROXY_TYPES, Proxy, make_proxy, ma
 from scrapy_proxy_shard.engine.schema import check_name
 from scrapy_proxy_shard.engine.sites import SITE_KEY_RE, check_site
 from scrapy_proxy_shard.engine.store import PoolStore
+from scrapy_proxy_shard.engine.store_admin import MIGRATE_SAFE_WARMUP
 from scrapy_proxy_shard.exceptions import (
     PoolBackendError,
     ProxyShardError,
@@ -41,7 +42,7 @@ from scrapy_proxy_shard.modes.connection import sync_client
 from scrapy_proxy_shard.ops import views
 from scrapy_proxy_shard.ops.proxyfile import check_tags, parse_proxy_list
 from scrapy_proxy_shard.ops.snapshot import read_pool
-from scrapy_proxy_shard.settings import DEFAULTS, BanOptions, ShardSettings
+from scrapy_proxy_shard.settings import DEFAULTS, MAX_LEASE_TTL, BanOptions, ShardSettings
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 #: Longest quarantine the CLI sets (ten years): the scripts compute ``now_ms + ttl_ms``, which must stay
@@ -433,16 +434,29 @@ def pools(obj: Ctx, as_json: bool) -> None:
     _show(rows, as_json, views.pools_table, None)
 
 
+def _warmup(ctx: click.Context, param: click.Parameter, value: float) -> float:
+    """--warmup: a finite number of seconds from 0 to MAX_LEASE_TTL, checked before anything is written."""
+    if not 0 <= value <= MAX_LEASE_TTL:  # also false for nan
+        raise click.BadParameter(f"{value!r} must be a number of seconds from 0 to {MAX_LEASE_TTL:.0f} "
+                                 "(the longest lease TTL of the crawls using the pool)")
+    return value
+
+
 @cli.command()
+@click.option("--warmup", type=float, default=MIGRATE_SAFE_WARMUP, show_default=True, callback=_warmup,
+              help="Seconds every proxy re-keyed to its exit id rests proxy-wide: at least the longest lease "
+                   "TTL of the crawls using the pool (max(60, DOWNLOAD_TIMEOUT + 30), or PROXY_SHARD_LEASE_TTL).")
 @click.pass_obj
-def migrate(obj: Ctx) -> None:
+def migrate(obj: Ctx, warmup: float) -> None:
     """Bring the pools (or --pool) written by an older version onto the current Redis layout now.
 
     The first lease on such a pool does it by itself (a page at a time, never blocking Redis); this
-    runs it ahead of a crawl. Idempotent: a pool already current is left alone.
+    runs it ahead of a crawl. Idempotent: a pool already current is left alone. A proxy whose id
+    changes (layout 3: one id per exit) rests --warmup seconds: a request sent through its old id may
+    still run until its lease expires, and its new id must not be leased on that site meanwhile.
     """
     for pool in obj.view_pools():
-        done = obj.store.migrate(pool)
+        done = obj.store.migrate(pool, warmup=warmup)
         click.echo(f"pool {pool!r}: {'migrated' if done else 'already on the current layout'}")
 
 
