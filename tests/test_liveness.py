@@ -177,3 +177,29 @@ def test_an_exhausted_site_closes_the_crawl_only_when_this_host_serves_nothing_e
 
     values = asyncio.run(go())
     assert values["proxy_shard/exhausted"] == 4 and values["proxy_shard/exhausted/closed"] == f"{POOL}/{SITE}"
+
+
+def test_a_pool_exhausted_right_after_its_last_lease_still_closes_the_crawl():
+    """Every proxy dead: each is leased, refused and quarantined within one second, so the requests
+    that fail then found a lease granted under QUIET ago. Before: they all failed, no close, exit 0.
+    Now the failure waits out the rest of QUIET, and the crawl closes."""
+    class Request:
+        url = "http://a.example/1"
+
+    async def go():
+        stats = _Stats()
+        live = Liveness(object(), stats, 3.0, lambda: 0)
+        live.leased(POOL, SITE)  # the last dead proxy was leased just now
+        live.enter(POOL, SITE)
+        now = asyncio.get_running_loop().time()
+        try:
+            live.check(POOL, SITE, LeaseWait(600.0, "pool", True), now + 3)
+        except PoolExhausted as exc:
+            started = asyncio.get_running_loop().time()
+            result = await live.settle(Request(), exc)
+            return result, asyncio.get_running_loop().time() - started, live.closing
+        raise AssertionError("no PoolExhausted")
+
+    result, waited, closing = asyncio.run(go())
+    assert isinstance(result, PoolExhausted) and closing
+    assert 0.5 < waited <= 1.2  # the rest of QUIET, not MAX_WAIT

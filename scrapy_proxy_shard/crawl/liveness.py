@@ -99,6 +99,20 @@ class Liveness:
             pool=pool, site=site, until=until, reason=wait.reason,
         )
 
+    async def settle(self, request: Request, exc: NoProxyAvailable) -> Exception:
+        """``failed``, after waiting out the rest of ``QUIET`` when a lease granted a moment ago is all
+        that keeps an exhausted pool from closing the crawl. A pool whose proxies all die at once (each
+        leased, refused, quarantined proxy-wide) is exhausted within the second of its last lease: every
+        request failed in that second and the crawl ended ``finished``, exit 0, nothing kept."""
+        if isinstance(exc, PoolExhausted) and not self.closing and self._only_recent_lease():
+            await asyncio.sleep(max(0.0, self._last_lease + QUIET - asyncio.get_running_loop().time()))
+        return self.failed(request, exc)
+
+    def _only_recent_lease(self) -> bool:
+        now = asyncio.get_running_loop().time()
+        return (not self._leases_held() and now - self._last_lease < QUIET
+                and all(self._until.get(key, 0.0) > now for key in self._asking))
+
     def failed(self, request: Request, exc: NoProxyAvailable) -> Exception:
         """What ``acquire`` raises for a request that got no proxy: ``exc``, or ``RequestKept`` once the
         crawl closes for an exhausted pool and ``JOBDIR`` keeps the request for the next run."""

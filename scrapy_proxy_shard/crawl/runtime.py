@@ -451,7 +451,7 @@ class ShardRuntime:
             if self._lost_pools or pool not in self._served_pools:  # a pool back, or first seen now
                 self._pool_back(pool)
         except NoProxyAvailable as exc:
-            raise self.liveness.failed(request, exc) from None
+            raise await self.liveness.settle(request, exc) from None
         finally:
             self.liveness.leave(pool, site)
             left = self.asking[slot] - 1
