@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import json
 import os
 import re
 import socket
@@ -971,11 +972,20 @@ def _dotted_path(get, name: str) -> str:
     return raw
 
 
+_DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)+")
+
+
 def _declared_handlers(raw: Any) -> tuple[str, ...]:
     """``PROXY_SHARD_PROXY_AWARE_HANDLERS`` as dotted paths (a list of paths or classes)."""
     if raw is None or raw == "":
         return ()
-    if isinstance(raw, str):  # -s PROXY_SHARD_PROXY_AWARE_HANDLERS=a.B,c.D
+    if isinstance(raw, str) and raw.lstrip().startswith("["):  # -s ...='["a.B", "c.D"]' (JSON, as Scrapy reads lists)
+        try:
+            raw = json.loads(raw)
+        except ValueError:
+            raise SettingError(f"PROXY_SHARD_PROXY_AWARE_HANDLERS ({raw!r}) is not a JSON list: write "
+                               f"'[\"myproject.handlers.MyHandler\"]' or a.B,c.D") from None
+    elif isinstance(raw, str):  # -s PROXY_SHARD_PROXY_AWARE_HANDLERS=a.B,c.D
         raw = [part.strip() for part in raw.split(",") if part.strip()]
     items = [raw] if isinstance(raw, type) else raw
     if not isinstance(items, (list, tuple, set, frozenset)):
@@ -983,7 +993,7 @@ def _declared_handlers(raw: Any) -> tuple[str, ...]:
                            f"or their dotted paths, e.g. ['myproject.handlers.MyHandler']")
     out = []
     for item in items:
-        if not (isinstance(item, type) or (isinstance(item, str) and "." in item)):
+        if not (isinstance(item, type) or (isinstance(item, str) and _DOTTED.fullmatch(item))):
             raise SettingError(f"PROXY_SHARD_PROXY_AWARE_HANDLERS entry {item!r} must be a download handler class "
                                f"or its dotted path, e.g. 'myproject.handlers.MyHandler'")
         out.append(_class_path(item))

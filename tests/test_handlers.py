@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import re
 
 import pytest
 from scrapy import Request
@@ -96,6 +97,12 @@ def test_declared_handlers_setting_is_validated():
     assert _declared(None) == ()
     with pytest.raises(SettingError, match="PROXY_SHARD_PROXY_AWARE_HANDLERS entry 3"):
         _declared([3])
+    # -s takes a JSON list too (a newcomer's '["x.Y"]' was kept as the path '["x.Y"]' and matched nothing)
+    assert _declared('["a.B", "c.D"]') == ("a.B", "c.D")
+    with pytest.raises(SettingError, match="is not a JSON list"):
+        _declared('["a.B"')
+    with pytest.raises(SettingError, match=re.escape("""entry 'a.B"' must be""")):
+        _declared('a.B"')
 
 
 def test_start_up_check_reads_the_crawlers_settings_and_a_reserved_context_name():
