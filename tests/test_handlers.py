@@ -13,8 +13,10 @@ from scrapy.downloadermiddlewares.httpproxy import HttpProxyMiddleware
 from scrapy.settings import Settings
 from scrapy.utils.misc import build_from_crawler
 from scrapy.utils.test import get_crawler
+from scrapy_playwright.handler import ScrapyPlaywrightDownloadHandler
 from test_middlewares import Harness
 
+from scrapy_proxy_shard.crawl import handlers
 from scrapy_proxy_shard.crawl.handlers import HandlerMap
 from scrapy_proxy_shard.crawl.startup import check_handlers
 from scrapy_proxy_shard.exceptions import SettingError
@@ -26,6 +28,10 @@ AUTH_PROXY = "http://alice:S3cret@10.9.0.1:3128"
 
 
 class MyHandler(HTTP11DownloadHandler):
+    pass
+
+
+class MyPW(ScrapyPlaywrightDownloadHandler):
     pass
 
 
@@ -62,7 +68,55 @@ def test_playwright_handler_downloads_only_meta_playwright_requests_with_the_bro
     hmap.check()
 
 
-def test_known_proxy_aware_handlers_and_aliases():
+def test_a_subclass_of_the_playwright_handler_is_a_browser_handler_declared_or_not():
+    path = f"{__name__}.MyPW"
+    for hmap in (_map({"https": path}), _map({"https": MyPW}), _map({"https": path}, declared=(path,))):
+        assert hmap.handlers["https"].kind == "playwright"
+        assert _route(hmap, "https://a.example/", playwright=True).kind == "browser"
+        assert _route(hmap, "https://a.example/").kind == "proxy"
+        hmap.check()
+
+
+def test_a_playwright_subclass_request_is_bound_to_its_proxys_context():
+    h = Harness({"DOWNLOAD_HANDLERS": {"https": f"{__name__}.MyPW"},
+                 "PROXY_SHARD_PROXY_AWARE_HANDLERS": [f"{__name__}.MyPW"]}, proxies=[AUTH_PROXY])
+    guard, _ = _guarded(h)
+
+    async def scenario():
+        await h.open()
+        request = Request("https://shop.example/", meta={"playwright": True})
+        await h.lease_mw.process_request(request)
+        guard.process_request(request)
+        return request
+
+    request = asyncio.run(scenario())
+    assert request.meta["playwright_context"].startswith(f"proxy-shard:{request.meta['proxy_shard_proxy_id']}")
+    assert request.meta["playwright_context_kwargs"]["proxy"]["server"] == "http://10.9.0.1:3128"
+
+
+def test_scrapy_impersonate_is_trusted_only_from_1_7_1(monkeypatch):
+    for found in ("1.7.1", "1.8.0", "2.0"):
+        monkeypatch.setattr(handlers, "_impersonate_version", lambda found=found: found)
+        hmap = _map({"https": "scrapy_impersonate.ImpersonateDownloadHandler"})
+        assert _route(hmap, "https://a.example/", impersonate="chrome").kind == "proxy", found
+        hmap.check()
+    for found in ("1.7.0", "1.6.4", "1.7.1rc1", "garbage", None):
+        monkeypatch.setattr(handlers, "_impersonate_version", lambda found=found: found)
+        for path in ("scrapy_impersonate.ImpersonateDownloadHandler",
+                     "scrapy_impersonate.handler.ImpersonateDownloadHandler"):
+            hmap = _map({"https": path}, declared=(path,))  # declaring it does not make it safe
+            assert _route(hmap, "https://a.example/").kind == "refused", found
+            with pytest.raises(SettingError) as info:
+                hmap.check()
+            message = str(info.value)
+            assert "\n" not in message and "1.7.1" in message and "upgrade" in message, message
+            assert "PROXY_SHARD_PROXY_AWARE_HANDLERS" not in message
+            if found is not None:
+                assert f"version {found}" in message
+
+
+def test_known_proxy_aware_handlers_and_aliases(monkeypatch):
+    monkeypatch.setattr(handlers, "_impersonate_version", lambda: "1.8.1")
     for path in ("scrapy.core.downloader.handlers._aiohttp.AiohttpDownloadHandler",
                  "scrapy.core.downloader.handlers._httpx.HttpxDownloadHandler",
                  "scrapy.core.downloader.handlers.http.HTTPDownloadHandler",
