@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import re
 
 import pytest
 from scrapy import Request
@@ -17,7 +18,8 @@ from scrapy_playwright.handler import ScrapyPlaywrightDownloadHandler
 from test_middlewares import Harness
 
 from scrapy_proxy_shard.crawl import handlers
-from scrapy_proxy_shard.crawl.handlers import HandlerMap
+from scrapy_proxy_shard.crawl.browser import bind
+from scrapy_proxy_shard.crawl.handlers import HandlerMap, context_name
 from scrapy_proxy_shard.crawl.startup import check_handlers
 from scrapy_proxy_shard.exceptions import SettingError
 from scrapy_proxy_shard.middlewares import ProxyShardGuardMiddleware, RequestNotLeased
@@ -90,7 +92,7 @@ def test_a_playwright_subclass_request_is_bound_to_its_proxys_context():
         return request
 
     request = asyncio.run(scenario())
-    assert request.meta["playwright_context"].startswith(f"proxy-shard:{request.meta['proxy_shard_proxy_id']}")
+    assert request.meta["playwright_context"] == context_name(request.meta["proxy_shard_proxy_id"], AUTH_PROXY)
     assert request.meta["playwright_context_kwargs"]["proxy"]["server"] == "http://10.9.0.1:3128"
 
 
@@ -264,12 +266,42 @@ def test_a_playwright_request_is_bound_to_its_proxys_context_and_sends_no_proxy_
 
     request = asyncio.run(scenario())
     proxy_id = request.meta["proxy_shard_proxy_id"]
-    assert request.meta["playwright_context"] == f"proxy-shard:{proxy_id}"
+    assert request.meta["playwright_context"] == context_name(proxy_id, AUTH_PROXY)
+    assert re.fullmatch(rf"proxy-shard:{proxy_id}:[0-9a-f]{{8}}", request.meta["playwright_context"])
     assert request.meta["playwright_context_kwargs"] == {
         "locale": "de-DE",
         "proxy": {"server": "http://10.9.0.1:3128", "username": "alice", "password": "S3cret"},
     }
     assert b"Proxy-Authorization" not in request.headers  # the browser would send it to the site
+
+
+def test_a_password_rotation_binds_to_a_new_context_and_the_name_holds_no_credential():
+    rotated = "http://alice:N3wPass@10.9.0.1:3128"
+    old, new, again = ({}, {}, {})
+    bind(old, "p1", AUTH_PROXY)
+    bind(new, "p1", rotated)
+    bind(again, "p1", AUTH_PROXY)
+    assert old["playwright_context"] != new["playwright_context"]
+    assert old["playwright_context"] == again["playwright_context"] == context_name("p1", AUTH_PROXY)
+    for meta in (old, new):
+        assert re.fullmatch(r"proxy-shard:p1:[0-9a-f]{8}", meta["playwright_context"])
+        assert "S3cret" not in meta["playwright_context"] and "N3wPass" not in meta["playwright_context"]
+        assert "alice" not in meta["playwright_context"]
+
+
+def test_guard_drops_a_browser_request_bound_with_other_credentials_of_its_exit():
+    h = _playwright_harness()
+    guard, _ = _guarded(h)
+
+    async def scenario():
+        await h.open()
+        request = Request("https://shop.example/", meta={"playwright": True})
+        await h.lease_mw.process_request(request)
+        bind(request.meta, request.meta["proxy_shard_proxy_id"], "http://alice:0ld@10.9.0.1:3128")
+        with pytest.raises(RequestNotLeased, match="not the context of the leased proxy"):
+            guard.process_request(request)
+
+    asyncio.run(scenario())
 
 
 def test_a_playwright_request_with_a_context_of_its_own_is_refused():
@@ -306,7 +338,7 @@ def test_guard_drops_a_leased_request_switched_to_the_browser_or_to_another_cont
         moved.meta["playwright_context"] = "default"
         with pytest.raises(RequestNotLeased, match="not the context of the leased proxy"):
             guard.process_request(moved)
-        moved.meta["playwright_context"] = f"proxy-shard:{moved.meta['proxy_shard_proxy_id']}"
+        moved.meta["playwright_context"] = context_name(moved.meta["proxy_shard_proxy_id"], AUTH_PROXY)
         moved.meta["playwright_page"] = _FakePage()  # a live page of some other context
         with pytest.raises(RequestNotLeased, match="playwright_page"):
             guard.process_request(moved)

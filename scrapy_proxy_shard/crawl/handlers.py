@@ -35,7 +35,9 @@ scrapy_playwright then), since its browser ignores ``meta['proxy']`` whatever th
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import secrets
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
@@ -78,8 +80,12 @@ IMPERSONATE_PATHS = frozenset({IMPERSONATE, "scrapy_impersonate.handler.Imperson
 IMPERSONATE_MIN = Version("1.7.1")
 #: Paths sorted without importing them (Scrapy's deprecated alias warns on import).
 _KNOWN = PROXY_AWARE | LOCAL | frozenset(NO_PROXY) | frozenset(UNKNOWN_REASONS) | {PLAYWRIGHT}
-#: The scrapy-playwright context a lease binds a browser request to: this prefix + the proxy id.
+#: The scrapy-playwright context a lease binds a browser request to: this prefix + the proxy id + a
+#: short hash of the proxy's full URL (crawl/browser.py). Reserved: PLAYWRIGHT_CONTEXTS may not use it.
 CONTEXT_PREFIX = "proxy-shard:"
+#: Key of the URL hash in context names: per process (contexts live in one process), so a name seen
+#: in a log or a JOBDIR cannot be used to test guesses of the proxy's password offline.
+_CONTEXT_KEY = secrets.token_bytes(16)
 
 
 @dataclass(frozen=True)
@@ -209,7 +215,8 @@ class HandlerMap:
             for name in self._startup_contexts:
                 if str(name).startswith(CONTEXT_PREFIX):
                     raise SettingError(f"PLAYWRIGHT_CONTEXTS defines {name!r}: names starting with "
-                                       f"{CONTEXT_PREFIX!r} are the contexts bound to leased proxies; rename it")
+                                       f"{CONTEXT_PREFIX!r} are reserved for the contexts bound to leased "
+                                       f"proxies (proxy-shard:<proxy id>:<hash>); rename it")
 
     def route(self, request: Request) -> Route:
         scheme = urlparse_cached(request).scheme
@@ -225,6 +232,11 @@ class HandlerMap:
         return Route("refused", handler.path, f"{handler.reason} ({handler.path})")
 
 
-def context_name(proxy_id: str) -> str:
-    """The scrapy-playwright context bound to a proxy: one per proxy, never shared with another."""
-    return f"{CONTEXT_PREFIX}{proxy_id}"
+def context_name(proxy_id: str, proxy_url: str) -> str:
+    """The scrapy-playwright context bound to a proxy: one per proxy *and credentials*, never shared.
+
+    The proxy id hashes the exit (host:port) only, and scrapy-playwright reuses a context by name,
+    ignoring new kwargs: without the URL's hash, an exit whose password was rotated (CLI add/load)
+    would keep authenticating with the old one. The hash is keyed; the credentials never appear."""
+    digest = hashlib.blake2b(proxy_url.encode(), digest_size=4, key=_CONTEXT_KEY).hexdigest()
+    return f"{CONTEXT_PREFIX}{proxy_id}:{digest}"
