@@ -72,6 +72,24 @@ def bind(meta: dict, proxy_id: str, proxy_url: str) -> None:
     meta["playwright_context_kwargs"] = kwargs
 
 
+def unbind(meta: dict) -> None:
+    """Undo ``bind`` in place (a request kept for another run leases and binds again): the context
+    name, its marker and the proxy (credentials included) in ``playwright_context_kwargs``; the
+    user's other context kwargs stay."""
+    own = meta.pop(OWN_CONTEXT, None)
+    if own is None:
+        return
+    if meta.get("playwright_context") == own:
+        del meta["playwright_context"]
+    kwargs = meta.get("playwright_context_kwargs")
+    if isinstance(kwargs, dict) and "proxy" in kwargs:
+        kwargs = {k: v for k, v in kwargs.items() if k != "proxy"}  # a new dict: meta is shared shallowly
+        if kwargs:
+            meta["playwright_context_kwargs"] = kwargs
+        else:
+            del meta["playwright_context_kwargs"]
+
+
 def binding_problem(request: Request, proxy_id: str, proxy_url: str, crawler: Any) -> str | None:
     """What the guard checks on a leased browser request just before it is downloaded."""
     meta = request.meta
