@@ -14,9 +14,12 @@ from scrapy.downloadermiddlewares.httpproxy import HttpProxyMiddleware
 from scrapy.settings import Settings
 from scrapy.utils.misc import build_from_crawler
 from scrapy.utils.test import get_crawler
+from scrapy_playwright.handler import ScrapyPlaywrightDownloadHandler
 from test_middlewares import Harness
 
-from scrapy_proxy_shard.crawl.handlers import HandlerMap
+from scrapy_proxy_shard.crawl import handlers
+from scrapy_proxy_shard.crawl.browser import bind
+from scrapy_proxy_shard.crawl.handlers import HandlerMap, context_name
 from scrapy_proxy_shard.crawl.startup import check_handlers
 from scrapy_proxy_shard.exceptions import SettingError
 from scrapy_proxy_shard.middlewares import ProxyShardGuardMiddleware, RequestNotLeased
@@ -27,6 +30,10 @@ AUTH_PROXY = "http://alice:S3cret@10.9.0.1:3128"
 
 
 class MyHandler(HTTP11DownloadHandler):
+    pass
+
+
+class MyPW(ScrapyPlaywrightDownloadHandler):
     pass
 
 
@@ -63,7 +70,55 @@ def test_playwright_handler_downloads_only_meta_playwright_requests_with_the_bro
     hmap.check()
 
 
-def test_known_proxy_aware_handlers_and_aliases():
+def test_a_subclass_of_the_playwright_handler_is_a_browser_handler_declared_or_not():
+    path = f"{__name__}.MyPW"
+    for hmap in (_map({"https": path}), _map({"https": MyPW}), _map({"https": path}, declared=(path,))):
+        assert hmap.handlers["https"].kind == "playwright"
+        assert _route(hmap, "https://a.example/", playwright=True).kind == "browser"
+        assert _route(hmap, "https://a.example/").kind == "proxy"
+        hmap.check()
+
+
+def test_a_playwright_subclass_request_is_bound_to_its_proxys_context():
+    h = Harness({"DOWNLOAD_HANDLERS": {"https": f"{__name__}.MyPW"},
+                 "PROXY_SHARD_PROXY_AWARE_HANDLERS": [f"{__name__}.MyPW"]}, proxies=[AUTH_PROXY])
+    guard, _ = _guarded(h)
+
+    async def scenario():
+        await h.open()
+        request = Request("https://shop.example/", meta={"playwright": True})
+        await h.lease_mw.process_request(request)
+        guard.process_request(request)
+        return request
+
+    request = asyncio.run(scenario())
+    assert request.meta["playwright_context"] == context_name(request.meta["proxy_shard_proxy_id"], AUTH_PROXY)
+    assert request.meta["playwright_context_kwargs"]["proxy"]["server"] == "http://10.9.0.1:3128"
+
+
+def test_scrapy_impersonate_is_trusted_only_from_1_7_1(monkeypatch):
+    for found in ("1.7.1", "1.8.0", "2.0"):
+        monkeypatch.setattr(handlers, "_impersonate_version", lambda found=found: found)
+        hmap = _map({"https": "scrapy_impersonate.ImpersonateDownloadHandler"})
+        assert _route(hmap, "https://a.example/", impersonate="chrome").kind == "proxy", found
+        hmap.check()
+    for found in ("1.7.0", "1.6.4", "1.7.1rc1", "garbage", None):
+        monkeypatch.setattr(handlers, "_impersonate_version", lambda found=found: found)
+        for path in ("scrapy_impersonate.ImpersonateDownloadHandler",
+                     "scrapy_impersonate.handler.ImpersonateDownloadHandler"):
+            hmap = _map({"https": path}, declared=(path,))  # declaring it does not make it safe
+            assert _route(hmap, "https://a.example/").kind == "refused", found
+            with pytest.raises(SettingError) as info:
+                hmap.check()
+            message = str(info.value)
+            assert "\n" not in message and "1.7.1" in message and "upgrade" in message, message
+            assert "PROXY_SHARD_PROXY_AWARE_HANDLERS" not in message
+            if found is not None:
+                assert f"version {found}" in message
+
+
+def test_known_proxy_aware_handlers_and_aliases(monkeypatch):
+    monkeypatch.setattr(handlers, "_impersonate_version", lambda: "1.8.1")
     for path in ("scrapy.core.downloader.handlers._aiohttp.AiohttpDownloadHandler",
                  "scrapy.core.downloader.handlers._httpx.HttpxDownloadHandler",
                  "scrapy.core.downloader.handlers.http.HTTPDownloadHandler",
@@ -217,12 +272,42 @@ def test_a_playwright_request_is_bound_to_its_proxys_context_and_sends_no_proxy_
 
     request = asyncio.run(scenario())
     proxy_id = request.meta["proxy_shard_proxy_id"]
-    assert request.meta["playwright_context"] == f"proxy-shard:{proxy_id}"
+    assert request.meta["playwright_context"] == context_name(proxy_id, AUTH_PROXY)
+    assert re.fullmatch(rf"proxy-shard:{proxy_id}:[0-9a-f]{{8}}", request.meta["playwright_context"])
     assert request.meta["playwright_context_kwargs"] == {
         "locale": "de-DE",
         "proxy": {"server": "http://10.9.0.1:3128", "username": "alice", "password": "S3cret"},
     }
     assert b"Proxy-Authorization" not in request.headers  # the browser would send it to the site
+
+
+def test_a_password_rotation_binds_to_a_new_context_and_the_name_holds_no_credential():
+    rotated = "http://alice:N3wPass@10.9.0.1:3128"
+    old, new, again = ({}, {}, {})
+    bind(old, "p1", AUTH_PROXY)
+    bind(new, "p1", rotated)
+    bind(again, "p1", AUTH_PROXY)
+    assert old["playwright_context"] != new["playwright_context"]
+    assert old["playwright_context"] == again["playwright_context"] == context_name("p1", AUTH_PROXY)
+    for meta in (old, new):
+        assert re.fullmatch(r"proxy-shard:p1:[0-9a-f]{8}", meta["playwright_context"])
+        assert "S3cret" not in meta["playwright_context"] and "N3wPass" not in meta["playwright_context"]
+        assert "alice" not in meta["playwright_context"]
+
+
+def test_guard_drops_a_browser_request_bound_with_other_credentials_of_its_exit():
+    h = _playwright_harness()
+    guard, _ = _guarded(h)
+
+    async def scenario():
+        await h.open()
+        request = Request("https://shop.example/", meta={"playwright": True})
+        await h.lease_mw.process_request(request)
+        bind(request.meta, request.meta["proxy_shard_proxy_id"], "http://alice:0ld@10.9.0.1:3128")
+        with pytest.raises(RequestNotLeased, match="not the context of the leased proxy"):
+            guard.process_request(request)
+
+    asyncio.run(scenario())
 
 
 def test_a_playwright_request_with_a_context_of_its_own_is_refused():
@@ -259,7 +344,7 @@ def test_guard_drops_a_leased_request_switched_to_the_browser_or_to_another_cont
         moved.meta["playwright_context"] = "default"
         with pytest.raises(RequestNotLeased, match="not the context of the leased proxy"):
             guard.process_request(moved)
-        moved.meta["playwright_context"] = f"proxy-shard:{moved.meta['proxy_shard_proxy_id']}"
+        moved.meta["playwright_context"] = context_name(moved.meta["proxy_shard_proxy_id"], AUTH_PROXY)
         moved.meta["playwright_page"] = _FakePage()  # a live page of some other context
         with pytest.raises(RequestNotLeased, match="playwright_page"):
             guard.process_request(moved)

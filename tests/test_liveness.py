@@ -13,10 +13,16 @@ The engine tests run against fakeredis, each redis-server line and the Redis Clu
 from __future__ import annotations
 
 import asyncio
+import base64
+import pickle
 import time
 
 import pytest
+from scrapy import Request
+from scrapy.downloadermiddlewares.httpproxy import HttpProxyMiddleware
+from scrapy.utils.test import get_crawler
 
+from scrapy_proxy_shard.crawl import browser
 from scrapy_proxy_shard.crawl.liveness import Liveness
 from scrapy_proxy_shard.engine import schema
 from scrapy_proxy_shard.engine.proxies import proxy_id
@@ -203,3 +209,43 @@ def test_a_pool_exhausted_right_after_its_last_lease_still_closes_the_crawl():
     result, waited, closing = asyncio.run(go())
     assert isinstance(result, PoolExhausted) and closing
     assert 0.5 < waited <= 1.2  # the rest of QUIET, not MAX_WAIT
+
+
+def test_a_kept_browser_request_carries_no_credential_to_jobdir():
+    """A browser request bound to its leased proxy (crawl/browser.py bind) and kept for the next run
+    loses the context, its marker and the proxy in playwright_context_kwargs, not the user's kwargs."""
+    url = URLS[2]
+    kept = []
+
+    class Engine:
+        spider = object()
+
+        def crawl(self, request):
+            kept.append(request)
+
+    crawler = get_crawler(settings_dict={"JOBDIR": "/nonexistent/jobdir"})
+    crawler.engine = Engine()
+    pid = proxy_id(url)
+    request = Request("https://a.example/1", meta={
+        "playwright": True, "playwright_context_kwargs": {"locale": "de-DE"},
+        "proxy": url, "_proxy_shard_proxy": pid, "proxy_shard_proxy_id": pid,
+        "download_slot": f"{SITE}|{pid}", "_proxy_shard_slot": f"{SITE}|{pid}"})
+    browser.bind(request.meta, pid, url)
+    HttpProxyMiddleware.from_crawler(crawler).process_request(request)
+    assert b"Proxy-Authorization" in request.headers and "_auth_proxy" in request.meta
+
+    assert Liveness(crawler, _Stats(), 3.0, lambda: 0)._keep(request)
+    (again,) = kept
+    assert again.meta["playwright_context_kwargs"] == {"locale": "de-DE"}
+    for key in ("playwright_context", "_proxy_shard_context", "proxy", "_auth_proxy", "download_slot"):
+        assert key not in again.meta, key
+    on_disk = pickle.dumps(again.to_dict())
+    for secret in (b"Pa55word", base64.b64encode(b"user:Pa55word")):
+        assert secret not in on_disk
+    assert b"Proxy-Authorization" not in again.headers
+    assert "playwright_context" in request.meta  # the original request is left as it was
+
+    bare = Request("https://a.example/2", meta={"playwright": True, "proxy": url, "_proxy_shard_proxy": pid})
+    browser.bind(bare.meta, pid, url)
+    assert Liveness(crawler, _Stats(), 3.0, lambda: 0)._keep(bare)
+    assert "playwright_context_kwargs" not in kept[-1].meta and "playwright_context" not in kept[-1].meta

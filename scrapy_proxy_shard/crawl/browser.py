@@ -3,9 +3,13 @@
 scrapy-playwright ignores ``meta['proxy']``: its browser downloads a ``meta['playwright']`` request
 in the context named ``meta['playwright_context']``, created on first use from
 ``meta['playwright_context_kwargs']``. So a leased browser request is bound to the context
-``proxy-shard:<proxy id>``, created with Playwright's ``proxy`` option (server ``scheme://host:port``;
-the credentials in its ``username``/``password`` fields, never in the URL). The id is a hash of the
-proxy's full URL, so that context can only ever have been created for that proxy.
+``proxy-shard:<proxy id>:<url hash>``, created with Playwright's ``proxy`` option (server
+``scheme://host:port``; the credentials in its ``username``/``password`` fields, never in the URL).
+The proxy id hashes the exit (host:port) only; the URL hash (blake2b, 8 hex digits, keyed per
+process: never the credentials themselves) covers the full URL, credentials included. Since
+scrapy-playwright reuses a context by name and ignores new kwargs, a context can only ever have
+been created for that exit with those credentials: after a password rotation (CLI add/load) the
+requests go to a new context, not one still authenticating with the old password.
 
 What is refused (the request fails, never goes out through another context): a ``playwright_context``
 the user set, a ``proxy`` the user put in ``playwright_context_kwargs``, and a ``playwright_page`` that
@@ -61,23 +65,41 @@ def playwright_proxy(proxy_url: str) -> dict[str, str]:
 def bind(meta: dict, proxy_id: str, proxy_url: str) -> None:
     """Bind a browser request to the context of its leased proxy (a new kwargs dict: meta is shared
     shallowly with copies of the request)."""
-    name = context_name(proxy_id)
+    name = context_name(proxy_id, proxy_url)
     kwargs = dict(meta.get("playwright_context_kwargs") or {})
     kwargs["proxy"] = playwright_proxy(proxy_url)
     meta["playwright_context"] = meta[OWN_CONTEXT] = name
     meta["playwright_context_kwargs"] = kwargs
 
 
+def unbind(meta: dict) -> None:
+    """Undo ``bind`` in place (a request kept for another run leases and binds again): the context
+    name, its marker and the proxy (credentials included) in ``playwright_context_kwargs``; the
+    user's other context kwargs stay."""
+    own = meta.pop(OWN_CONTEXT, None)
+    if own is None:
+        return
+    if meta.get("playwright_context") == own:
+        del meta["playwright_context"]
+    kwargs = meta.get("playwright_context_kwargs")
+    if isinstance(kwargs, dict) and "proxy" in kwargs:
+        kwargs = {k: v for k, v in kwargs.items() if k != "proxy"}  # a new dict: meta is shared shallowly
+        if kwargs:
+            meta["playwright_context_kwargs"] = kwargs
+        else:
+            del meta["playwright_context_kwargs"]
+
+
 def binding_problem(request: Request, proxy_id: str, proxy_url: str, crawler: Any) -> str | None:
     """What the guard checks on a leased browser request just before it is downloaded."""
     meta = request.meta
-    name = context_name(proxy_id)
+    name = context_name(proxy_id, proxy_url)
     if meta.get("playwright_context") != name:
         return (f"meta['playwright_context'] is {meta.get('playwright_context')!r}, not the context of the "
                 f"leased proxy {proxy_id} ({name!r})")
     kwargs = meta.get("playwright_context_kwargs")
     proxy = kwargs.get("proxy") if isinstance(kwargs, dict) else None
-    if not isinstance(proxy, dict) or proxy.get("server") != playwright_proxy(proxy_url)["server"]:
+    if not isinstance(proxy, dict) or proxy != playwright_proxy(proxy_url):
         return f"meta['playwright_context_kwargs'] does not carry the leased proxy {proxy_id}"
     page = meta.get("playwright_page")
     if page is not None and not _closed(page) and not _page_in_context(page, request, crawler, name):

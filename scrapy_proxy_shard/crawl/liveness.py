@@ -28,6 +28,7 @@ from typing import Any
 
 from scrapy import Request
 
+from scrapy_proxy_shard.crawl import browser
 from scrapy_proxy_shard.engine.store import LeaseWait
 from scrapy_proxy_shard.exceptions import NoProxyAvailable, PoolExhausted, RequestKept
 
@@ -42,7 +43,8 @@ REMEMBERED = 10_000
 STATS = "proxy_shard"
 # meta keys a kept request loses: the proxy leased for its previous attempt (credentials must not be
 # written to JOBDIR, and the next run leases again). Names as in middlewares.py (OWN_PROXY, OWN_SLOT)
-# and Scrapy's HttpProxyMiddleware (_auth_proxy).
+# and Scrapy's HttpProxyMiddleware (_auth_proxy). What crawl/browser.py bind() added for a browser
+# request (its context, credentials included) is undone by browser.unbind().
 _LEASE_META = ("proxy", "_proxy_shard_proxy", "proxy_shard_proxy_id", "_auth_proxy")
 _OWN_SLOT = "_proxy_shard_slot"
 
@@ -170,7 +172,8 @@ class Liveness:
         return bool(settings is not None and settings.get("JOBDIR"))
 
     def _keep(self, request: Request) -> bool:
-        """Put ``request`` back in the scheduler's JOBDIR queue (without the proxy of an earlier attempt)."""
+        """Put ``request`` back in the scheduler's JOBDIR queue (without the proxy of an earlier attempt,
+        nor the browser context bound to it: no credential is written to disk)."""
         if not self._jobdir():
             return False
         engine = getattr(self.crawler, "engine", None)
@@ -184,6 +187,7 @@ class Liveness:
                 meta.pop(name, None)
             if meta.pop(_OWN_SLOT, None) is not None:
                 meta.pop("download_slot", None)
+        browser.unbind(meta)
         try:
             engine.crawl(request.replace(dont_filter=True, meta=meta, headers=headers))
         except RuntimeError:  # the spider closed meanwhile
