@@ -147,19 +147,7 @@ class Liveness:
         logger.error("proxy_shard: closing the spider (%(reason)s): %(exc)s, and this host serves no other site; "
                      "%(fix)s; %(kept)s", {"reason": REASON, "exc": exc, "fix": fix, "kept": kept})
         self.stats.set_value(f"{STATS}/exhausted/closed", f"{exc.pool}/{exc.site}")
-        try:
-            engine = self.crawler.engine
-        except (AttributeError, RuntimeError):
-            engine = None
-        if engine is None or getattr(engine, "spider", None) is None:
-            return  # not crawling under an engine (a test harness)
-        self._closer = asyncio.ensure_future(self._close_spider(engine))
-
-    async def _close_spider(self, engine: Any) -> None:
-        try:
-            await engine.close_spider_async(reason=REASON)
-        except Exception as exc:  # already closed meanwhile
-            logger.debug("proxy_shard: closing the spider: %(e)r", {"e": exc})
+        self._closer = close_spider_soon(self.crawler, REASON)
 
     def spider_closed(self, reason: str | None = None) -> None:
         """Exit code 1 when the crawl closed for an exhausted pool (startup.py's way: the runners count
@@ -193,6 +181,25 @@ class Liveness:
         except RuntimeError:  # the spider closed meanwhile
             return False
         return True
+
+
+def close_spider_soon(crawler: Any, reason: str) -> asyncio.Future | None:
+    """Close the crawler's spider with ``reason`` (a task; None when no engine runs a spider: a test
+    harness). Closing a spider that closed meanwhile is not an error."""
+    try:
+        engine = crawler.engine
+    except (AttributeError, RuntimeError):
+        engine = None
+    if engine is None or getattr(engine, "spider", None) is None:
+        return None
+    return asyncio.ensure_future(_close_spider(engine, reason))
+
+
+async def _close_spider(engine: Any, reason: str) -> None:
+    try:
+        await engine.close_spider_async(reason=reason)
+    except Exception as exc:  # already closed meanwhile
+        logger.debug("proxy_shard: closing the spider: %(e)r", {"e": exc})
 
 
 def _clock(epoch: float) -> str:

@@ -21,7 +21,7 @@ from scrapy.utils.httpobj import urlparse_cached
 from scrapy_proxy_shard import signals as shard_signals
 from scrapy_proxy_shard.crawl.arrival import ArrivalGuard
 from scrapy_proxy_shard.crawl.health import HostMonitor
-from scrapy_proxy_shard.crawl.liveness import Liveness
+from scrapy_proxy_shard.crawl.liveness import Liveness, close_spider_soon
 from scrapy_proxy_shard.crawl.logstats import INTERVAL_STAT
 from scrapy_proxy_shard.crawl.startup import StartupGate, check_eviction
 from scrapy_proxy_shard.engine.breaker import BreakerEvent
@@ -286,20 +286,7 @@ class ShardRuntime:
                      "(its event loop stalled past PROXY_SHARD_HOST_TTL); it takes no fallback slice from now on; "
                      "give every process its own PROXY_SHARD_HOST_ID",
                      {"reason": HOST_ID_TAKEN_REASON, "e": taken})
-        try:
-            engine = self.crawler.engine
-        except (AttributeError, RuntimeError):
-            engine = None
-        if engine is None or getattr(engine, "spider", None) is None:
-            return  # not crawling under an engine (a test harness)
-        self._taken_closer = asyncio.ensure_future(self._close_taken(engine))
-
-    @staticmethod
-    async def _close_taken(engine: Any) -> None:
-        try:
-            await engine.close_spider_async(reason=HOST_ID_TAKEN_REASON)
-        except Exception as exc:  # already closed meanwhile
-            logger.debug("proxy_shard: closing the spider: %(e)r", {"e": exc})
+        self._taken_closer = close_spider_soon(self.crawler, HOST_ID_TAKEN_REASON)
 
     async def spider_closed(self, spider: Any = None, reason: str | None = None) -> None:
         """Give back every lease still held, then close the Redis connection."""
