@@ -466,8 +466,9 @@ def test_ended_session_gives_its_proxy_back_when_its_pacing_ends(store, clock):
     ((0.1, 0.05), 0.2),    # ... by at most the cap
     ((1.0, 0.5), 0.1),     # quicker than the floor: no shift, start + interval
     ((0.1, None), 0.3),    # cold (no floor): paced from the release, whatever the cap
-    ((0.0, None), 0.1),    # no guard
-    (None, 0.1),
+    ((0.0, None), 0.3),    # the guard off: a cold pair (a new connection) is still paced from the release
+    ((0.0, 0.05), 0.1),    # the guard off, warm: start + interval
+    (None, 0.1),           # nothing said: start + interval
 ])
 def test_the_arrival_guard_pushes_the_next_start_back(store, clock, guard, expected):
     """release.lua ARGV[27..28]: the slot is free at start + interval + min(cap, max(0, now - start -

@@ -28,6 +28,8 @@ logger = logging.getLogger(__name__)
 MAX_SITES = 3
 #: Stat (under ``proxy_shard/``) holding a site's learned interval, seconds: ``<INTERVAL_STAT>/<site>``.
 INTERVAL_STAT = "autothrottle/interval"
+#: Stat (under ``proxy_shard/``) holding a fixed-interval site's path margin, ms: ``<MARGIN_STAT>/<site>``.
+MARGIN_STAT = "pacing/margin_ms"
 
 
 class PoolLogStats:

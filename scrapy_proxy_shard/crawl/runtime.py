@@ -22,7 +22,7 @@ from scrapy_proxy_shard import signals as shard_signals
 from scrapy_proxy_shard.crawl.arrival import ArrivalGuard
 from scrapy_proxy_shard.crawl.health import HostMonitor
 from scrapy_proxy_shard.crawl.liveness import Liveness, close_spider_soon
-from scrapy_proxy_shard.crawl.logstats import INTERVAL_STAT
+from scrapy_proxy_shard.crawl.logstats import INTERVAL_STAT, MARGIN_STAT
 from scrapy_proxy_shard.crawl.startup import StartupGate, check_eviction
 from scrapy_proxy_shard.engine.breaker import BreakerEvent
 from scrapy_proxy_shard.engine.schema import check_name
@@ -135,6 +135,7 @@ class ShardRuntime:
         self._gate = _Gate()
         self._learned: dict[str, float] = {}  # adaptive pacing: site -> the last learned interval seen
         self._arrival = ArrivalGuard()  # paces from when a request can have reached its site (arrival.py)
+        self._margins: dict[str, float] = {}  # the path margin of each fixed-interval site (Redis's word)
         self._site_options: dict[str, Any] = {}  # site -> settings.site_options(site), for options_of
         self._site_options_of: ShardSettings | None = None  # the settings those were read from
         self._stopping: asyncio.Event | None = None  # set when the crawl stops (see _stopping_event)
@@ -357,17 +358,17 @@ class ShardRuntime:
         return options
 
     def _pacing(self, site: str, reason: str | None = None) -> dict[str, Any]:
-        """The site's pacing as ``release`` keywords (the store applies the law and the randomization).
-        With adaptive pacing, whether a ban of ``reason`` is rate-type (it may raise the learned interval;
-        its quarantine then starts from the site's learned rest, at least PROXY_SHARD_AUTOTHROTTLE_BAN_TTL)."""
+        """The site's pacing as ``release`` keywords (the store applies the law and the randomization),
+        and whether a ban of ``reason`` is rate-type (PROXY_SHARD_AUTOTHROTTLE_BAN_REASONS), in every mode:
+        its quarantine is brief (the site's learned rest, at least PROXY_SHARD_AUTOTHROTTLE_BAN_TTL), and
+        it widens the site's path margin (a fixed interval) or may raise the learned interval (adaptive)."""
         o = self.options_of(site)
         kw = {"min_interval": o.min_interval, "rest_after_response": o.rest_after_response,
-              "randomize_interval": o.randomize_interval}
+              "randomize_interval": o.randomize_interval,
+              "rate_ban": reason in self.settings.autothrottle_ban_reasons,
+              "rest_min": self.settings.autothrottle_ban_ttl}
         if o.autothrottle is not None and o.autothrottle.enabled:
             kw["autothrottle"] = o.autothrottle
-            kw["rate_ban"] = reason in self.settings.autothrottle_ban_reasons
-            if kw["rate_ban"]:  # the pace takes the blame (and is slowed): the IP is only rested
-                kw["ban_ttl"] = o.autothrottle.ban_ttl
         return kw
 
     def _guard_cap(self, site: str) -> float:
@@ -380,13 +381,24 @@ class ShardRuntime:
         o = self.options_of(site)
         if o.autothrottle is not None and o.autothrottle.enabled:
             return self._learned.get(site, o.autothrottle.start_interval)
+        if o.min_interval > 0.0:
+            return o.min_interval + self._margins.get(site, 0.0)
         return o.min_interval
 
     def _note_pace(self, lease: Lease, result: ReleaseResult, reason: str | None) -> None:
-        """Adaptive pacing: the learned interval as a stat (and in the log line), its changes counted."""
-        if result.interval is None:
-            return
+        """The site's path margin (a fixed interval) or learned interval (adaptive) as a stat, its changes
+        counted and logged."""
         site = lease.site
+        if result.interval is None:
+            if result.margin or site in self._margins:
+                self._margins[site] = result.margin
+                self.stats.set_value(f"{STATS}/{MARGIN_STAT}/{site}", round(result.margin * 1000, 1))
+            if result.widened:
+                self.stats.inc_value(f"{STATS}/pacing/margin_widened")
+                logger.info("proxy_shard: pacing: %(site)s path margin widened to %(mg).0f ms for every host "
+                            "(%(reason)s on proxy %(proxy)s: an arrival closer than the site allows)",
+                            {"site": site, "mg": result.margin * 1000, "reason": reason, "proxy": lease.proxy_id})
+            return
         self._learned[site] = result.interval
         self.stats.set_value(f"{STATS}/{INTERVAL_STAT}/{site}", round(result.interval, 4))
         if result.pace_event:
@@ -761,10 +773,10 @@ class ShardRuntime:
             if retry_after is not None:
                 how["retry_after"] = retry_after
             cap = self._guard_cap(lease.site)
-            floor = None
-            if cap > 0.0:
-                floor = self._arrival.floor(lease.site, lease.proxy_id)
-                how["arrival_guard"] = (cap, floor)
+            # Sent with the guard off too: a proxy's first use on the site (floor None: a new connection)
+            # is paced from its release, the only sure bound on when it arrived.
+            floor = self._arrival.floor(lease.site, lease.proxy_id)
+            how["arrival_guard"] = (cap, floor)
             result = await self.store.release(lease, outcome=outcome, latency=latency, reason=reason,
                                               session_ttl=self.settings.session_ttl, **how)
         except PoolBackendError as exc:
@@ -772,9 +784,9 @@ class ShardRuntime:
             logger.warning("proxy_shard: release failed (the lease expires by itself): %(e)s", {"e": exc})
             return None
         self.stats.inc_value(f"{STATS}/release/{result.status}")
-        if cap > 0.0 and result.status == "ok":
+        if result.status == "ok":
             elapsed = result.now - lease.issued_at  # both on the Redis clock
-            shift = self._arrival.shift(elapsed, floor, cap)
+            shift = self._arrival.shift(elapsed, floor, cap) if cap > 0.0 else 0.0
             if shift > 0.0:
                 self.stats.inc_value(f"{STATS}/pacing/arrival_guard_ms", round(shift * 1000))
             if outcome in ("ok", "unknown") and 0.0 < elapsed < lease.expires_at - lease.issued_at:

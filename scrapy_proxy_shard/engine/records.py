@@ -75,6 +75,10 @@ class ReleaseResult:
     #: undone), ``up``, ``skip`` (a rate ban that changed nothing) or ``forget``. None / "" without it.
     interval: float | None = None
     pace_event: str = ""
+    #: With a fixed interval: the site's path margin in force after this answer (seconds, added to the
+    #: interval for every host; docs/pacing.md), and whether this answer widened it.
+    margin: float = 0.0
+    widened: bool = False
 
 
 @dataclass(frozen=True)

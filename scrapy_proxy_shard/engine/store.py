@@ -290,7 +290,8 @@ class PoolBackend(Protocol):
                       rest_after_response: float = 0.0, randomize_interval: bool = False,
                       autothrottle: AutothrottleOptions | None = None, rate_ban: bool = False,
                       retry_after: float | None = None,
-                      arrival_guard: tuple[float, float | None] | None = None) -> ReleaseResult:
+                      arrival_guard: tuple[float, float | None] | None = None,
+                      rest_min: float | None = None) -> ReleaseResult:
         """Give a slot back: free again at max(lease start + min_interval + the arrival guard's shift,
         now + rest_after_response)."""
         ...

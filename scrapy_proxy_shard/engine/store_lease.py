@@ -16,6 +16,17 @@ from scrapy_proxy_shard.exceptions import PoolBackendError, UnknownPoolError
 OUTCOMES = ("ok", "error", "ban", "dead", "unknown")
 #: ``repr`` of a release's interval factor when the interval is not randomized.
 _NO_FACTOR = repr(1.0)
+#: Ban reasons of a failed content check (a page that answered 2xx without what the spider needs).
+CONTENT_REASONS = frozenset({"missing_css", "small_body"})
+
+
+def _ban_kind(outcome: str, reason: str | None, rate: bool) -> int:
+    """release.lua ARGV[24]: 0 not a ban, 1 rate-type, 2 a block, 3 a failed content check."""
+    if outcome != "ban":
+        return 0
+    if rate:
+        return 1
+    return 3 if reason in CONTENT_REASONS else 2
 
 
 class _Leasing:
@@ -86,7 +97,7 @@ class _Leasing:
                 rest_after_response: float = 0.0, randomize_interval: bool = False,
                 autothrottle: AutothrottleOptions | None = None, rate_ban: bool = False,
                 retry_after: float | None = None,
-                arrival_guard: tuple[float, float | None] | None = None):
+                arrival_guard: tuple[float, float | None] | None = None, rest_min: float | None = None):
         """Give a slot back with the request's outcome; ``ban``/``dead`` quarantine the proxy.
 
         Pacing (on the Redis clock): the slot is free again at the later of the lease's start +
@@ -105,6 +116,13 @@ class _Leasing:
         banned again within one quarantine length of its return gets the usual escalating quarantine
         (a site that says ``Retry-After: 1`` to an IP it blocks for good). A rate ban still moves the pace.
 
+        In every mode the answer teaches the site's state first (docs/pacing.md): a ban's kind (rate-type
+        when ``rate_ban`` or ``retry_after``; a failed content check by its reason; else a block) picks
+        its quarantine: brief (the site's rest learned from when banned IPs come back clean, at least
+        ``rest_min``, default AUTOTHROTTLE_BAN_TTL) for a rate-type ban or any ban after a clean answer,
+        the ban TTL for a hard block; with a fixed interval, strike-like answers widen the site's path
+        margin, added to ``min_interval`` for every host (``ReleaseResult.margin``).
+
         ``arrival_guard``: ``(cap, floor)`` in seconds: the slot's next start is pushed back by
         ``min(cap, max(1 ms, release - lease start - floor))`` on the Redis clock (by ``release - lease
         start`` when ``floor`` is None: paced from the release), so it is paced from when this request
@@ -112,11 +130,11 @@ class _Leasing:
         """
         return self._run(self._release_request, self._release_done, lease, outcome, latency, min_interval, reason,
                          session_ttl, ban_ttl, rest_after_response, randomize_interval, autothrottle, rate_ban,
-                         retry_after, arrival_guard)
+                         retry_after, arrival_guard, rest_min)
 
     def _release_request(self, lease, outcome, latency, min_interval, reason, session_ttl, ban_ttl,
                          rest_after_response=0.0, randomize_interval=False, autothrottle=None,
-                         rate_ban=False, retry_after=None, arrival_guard=None) -> _Script:
+                         rate_ban=False, retry_after=None, arrival_guard=None, rest_min=None) -> _Script:
         if outcome not in OUTCOMES:
             raise ValueError(f"outcome must be one of {OUTCOMES}, got {outcome!r}")
         adaptive = autothrottle is not None and autothrottle.enabled
@@ -135,15 +153,18 @@ class _Leasing:
         if randomize_interval:
             factor = 0.5 + self._random()  # [0.5, 1.5) x, like Scrapy's
             interval = round(interval * factor)
+        kind = _ban_kind(outcome, reason, rate_ban or told > 0)
+        if rest_min is None:
+            rest_min = autothrottle.ban_ttl if autothrottle is not None else AutothrottleOptions.ban_ttl
+        rest = max(1, _ms(rest_min, "rest_min"))
         if adaptive:
             pace_args = (
                 "1", *(max(1, _ms(getattr(autothrottle, name), name))
                        for name in ("start_interval", "min_interval", "max_interval")),
-                repr(factor), "1" if rate_ban and outcome == "ban" else "0",
-                max(1, _ms(autothrottle.ban_ttl, "autothrottle ban_ttl")),
+                repr(factor), kind, rest,
             )
         else:
-            pace_args = ("0", 1, 1, 1, _NO_FACTOR if factor == 1.0 else repr(factor), "0", 1)
+            pace_args = ("0", 1, 1, 1, _NO_FACTOR if factor == 1.0 else repr(factor), kind, rest)
         session = lease.session_id or ""
         token = lease.token
         site = lease.site
@@ -159,19 +180,22 @@ class _Leasing:
 
     @staticmethod
     def _guard_args(arrival_guard: tuple[float, float | None] | None) -> tuple[int, int]:
-        """release.lua ARGV[27..28]: the arrival guard's cap and floor, ms (floor -1: cold)."""
-        if not arrival_guard or not arrival_guard[0]:
-            return 0, -1
+        """release.lua ARGV[27..28]: the arrival guard's cap and floor, ms (floor -1: cold, paced from the
+        release even with cap 0). None: neither."""
+        if not arrival_guard:
+            return 0, 0
         cap, floor = arrival_guard
-        return _ms(cap, "arrival guard"), -1 if floor is None else _ms(floor, "arrival floor")
+        return _ms(cap or 0.0, "arrival guard"), -1 if floor is None else _ms(floor, "arrival floor")
 
     def _release_done(self, reply, request, *_) -> ReleaseResult:
         until = int(reply[2])
         breaker = _breaker_event(reply[4:10]) if len(reply) > 4 and reply[4] else None
         learned = reply[10] if len(reply) > 10 else ""
+        margin = float(reply[12]) / 1000 if len(reply) > 12 else 0.0
         return ReleaseResult(reply[0].lower(), int(reply[1]) / 1000,
                              until / 1000 if until else None, int(reply[3]), breaker,
-                             float(learned) / 1000 if learned else None, reply[11] if len(reply) > 11 else "")
+                             float(learned) / 1000 if learned else None, reply[11] if len(reply) > 11 else "",
+                             margin, len(reply) > 13 and reply[13] == "widen")
 
     def breaker_options(self, site: str) -> BreakerOptions | None:
         """The circuit breaker's options for ``site`` on this store (None: off)."""

@@ -249,11 +249,12 @@ class FallbackPoolStore(PoolBackend):
                       rest_after_response: float = 0.0, randomize_interval: bool = False,
                       autothrottle: AutothrottleOptions | None = None, rate_ban: bool = False,
                       retry_after: float | None = None,
-                      arrival_guard: tuple[float, float | None] | None = None) -> ReleaseResult:
+                      arrival_guard: tuple[float, float | None] | None = None,
+                      rest_min: float | None = None) -> ReleaseResult:
         how = {"outcome": outcome, "latency": latency, "min_interval": min_interval, "reason": reason,
                "session_ttl": session_ttl, "ban_ttl": ban_ttl, "rest_after_response": rest_after_response,
                "randomize_interval": randomize_interval, "autothrottle": autothrottle, "rate_ban": rate_ban,
-               "retry_after": retry_after, "arrival_guard": arrival_guard}
+               "retry_after": retry_after, "arrival_guard": arrival_guard, "rest_min": rest_min}
         local = self._local_leases.pop(lease.token, None)
         if local is not None:
             result = await self._ensure_local().release(lease, **how)

@@ -146,14 +146,15 @@ end
 local function release_memo_reply(v)
   if string.sub(v, 1, 2) == 'R|' then
     local status, now = string.match(v, '^R|(%u+)|(%d+)$')
-    return {status, tonumber(now), 0, 0, '', 0, 0, '', 0, 0, '', ''}
+    return {status, tonumber(now), 0, 0, '', 0, 0, '', 0, 0, '', '', '0.000', ''}
   end
   if string.sub(v, 1, 1) == 'R' then return cjson.decode(string.sub(v, 2)) end
   return nil
 end
 local function remember_release(memo, reply, now_str)
   local plain = reply[3] == 0 and reply[4] == 0 and reply[5] == '' and reply[11] == '' and reply[12] == ''
-  if plain and #reply == 12 then
+    and reply[13] == '0.000' and reply[14] == ''
+  if plain and #reply == 14 then
     redis.call('SET', memo, 'R|' .. reply[1] .. '|' .. now_str, 'PX', MEMO_MS)
   else
     redis.call('SET', memo, 'R' .. cjson.encode(reply), 'PX', MEMO_MS)
@@ -346,9 +347,10 @@ end
 -- Quarantine proxy `id` on `scope` (a site, or '*' for every site) with an escalating TTL.
 -- A ban that arrives while the same quarantine still runs (several in-flight requests seeing one
 -- ban) does not add a strike. `fresh`: start again from the first strike (an adaptive-pacing rate ban
--- of a proxy whose previous answer on the site was clean: the pace, not the IP, was at fault). Returns
--- until_ms, strikes, and 1 if this call started the quarantine.
-local function ban(scope, id, reason, base_ms, max_ms, jitter, window_ms, now, fresh, told_ms)
+-- of a proxy whose previous answer on the site was clean: the pace, not the IP, was at fault). `flat`:
+-- the TTL is base_ms whatever the strikes (the caller escalated it). Returns until_ms, strikes, and 1 if
+-- this call started the quarantine.
+local function ban(scope, id, reason, base_ms, max_ms, jitter, window_ms, now, fresh, told_ms, flat)
   local field = scope .. '|' .. id
   local prev = redis.call('HGET', K_BANS, field)
   local strikes = 0
@@ -368,7 +370,8 @@ local function ban(scope, id, reason, base_ms, max_ms, jitter, window_ms, now, f
     -- the site's Retry-After: exactly that long (the caller caps it), unless its word proved wrong
     ttl = told_ms
   else
-    ttl = base_ms * math.pow(2, strikes - 1)
+    ttl = base_ms
+    if not flat then ttl = base_ms * math.pow(2, strikes - 1) end
     if ttl > max_ms then ttl = max_ms end
     ttl = math.floor(ttl * (1 + jitter))
     if ttl < 1 then ttl = 1 end
@@ -664,12 +667,8 @@ end
 --          a raise from it is x PACE_UP_FIRM, from any other x PACE_UP
 --   up, down, back, fail, skip, forget   raises, lowerings, lowerings undone, failed probes, rate bans
 --          that changed nothing, floors lowered (counters)
---   rest   the site's rest after a rate ban, ms: how long a proxy rate-banned after a clean answer is
---          quarantined (at least the caller's AUTOTHROTTLE_BAN_TTL); doubled when such a proxy is
---          banned again right after its rest (the site blocks an IP longer), x PACE_REST_DECAY when one
---          comes back clean (see release.lua)
---   p:<id> the proxy's last answer on the site: 'c' clean, 'b' a ban of any reason, 'f' a rate ban that
---          followed a clean answer (its rest is the site's rest)
+-- The same hash holds what every mode learns from the site's answers (see site_learn below):
+--   rest, p:<id>, and the path margin mg, mgs, mge, mgr, mgb, widen.
 local PACE_KEEP_MS = 7 * 86400000  -- a site's learned pace is forgotten a week after its last release
 local PACE_UP = 1.5          -- a raise: interval x 1.5 (capped at the maximum),
 local PACE_UP_FIRM = 1.1     -- ... x 1.1 from a firm interval (PACE_LONE_RUN clean answers in a row)
@@ -688,7 +687,6 @@ local PACE_LONE_RUN = 20     -- clean answers at the pace that void a pending vo
 local PACE_MARGIN = 0.05
 local PACE_FORGET_RUN = 1000
 local PACE_FORGET = 0.95
-local PACE_REST_DECAY = 0.9  -- the site's rest after a proxy came back clean from it
 
 local function pace_ms(x) return string.format('%.3f', x) end
 
@@ -711,8 +709,8 @@ end
 
 -- Apply one answer to the site's learned interval. Returns the interval this release paces its slot
 -- with (ms: the probe's lower interval for the probe proxy, else the interval in force), what
--- happened, the interval in force (ms), the proxy's previous answer on the site (see p:<id>; nil none
--- yet), and the site's rest after a rate ban (ms, at least `rest_ms`). What happened: '' (nothing changed), 'probe' (this proxy starts trying a lower interval), 'down' (a probe
+-- happened and the interval in force (ms). `last` is the proxy's previous answer on the site (the mark
+-- site_learn read: 'c' clean, nil none yet, anything else a ban). What happened: '' (nothing changed), 'probe' (this proxy starts trying a lower interval), 'down' (a probe
 -- succeeded: every host uses it), 'fail' (a probe met a rate ban: the interval stays), 'up', 'skip' (a
 -- rate ban that raised nothing) or 'forget'. `start` is the answered request's start (ms, from its
 -- lease key) or nil when unknown (an expired lease: learns nothing); `rate` is true for a ban the
@@ -726,16 +724,15 @@ end
 -- one proxy); PACE_LONE_RUN clean answers at the pace void a pending vote: a ban that follows clean
 -- answers from other proxies at the same interval points at its proxy, so one bad proxy never raises
 -- the site's interval by itself.
-local function pace_release(site, id, start, outcome, rate, start_ms, min_ms, max_ms, rest_ms, now)
+local function pace_release(site, id, start, outcome, rate, start_ms, min_ms, max_ms, last, now)
   local K = K_PACE
-  local s = redis.call('HMGET', K, 'iv', 'eff', 'run', 'bad', 'vote', 'probe', 'piv', 'pat', 'pn', 'prev', 'p:' .. id,
-    'pend', 'rest', 'firm', 'pls')
+  local s = redis.call('HMGET', K, 'iv', 'eff', 'run', 'bad', 'vote', 'probe', 'piv', 'pat', 'pn', 'prev',
+    'pend', 'firm', 'pls')
   local iv, eff = tonumber(s[1]), tonumber(s[2])
   local run, bad, vote = tonumber(s[3]) or 0, tonumber(s[4]) or 0, s[5] or ''
   local probe, piv, pat, pn = s[6] or '', tonumber(s[7]) or 0, tonumber(s[8]) or 0, tonumber(s[9]) or 0
-  local prev, last, pend = tonumber(s[10]), s[11], tonumber(s[12]) or 0
-  local rest, firm, pls = tonumber(s[13]) or rest_ms, s[14] == '1', tonumber(s[15])
-  if rest < rest_ms then rest = rest_ms end
+  local prev, pend = tonumber(s[10]), tonumber(s[11]) or 0
+  local firm, pls = s[12] == '1', tonumber(s[13])
   if not iv or not eff then
     iv, eff = start_ms, now
     redis.call('HSET', K, 'iv', pace_ms(iv), 'chg', istr(now), 'eff', istr(now), 'run', 0, 'bad', 0, 'vote', '',
@@ -749,7 +746,7 @@ local function pace_release(site, id, start, outcome, rate, start_ms, min_ms, ma
       'probe', '')
     iv, eff, run, vote, probe = bounded, now + iv, 0, '', ''
   end
-  if not start then return iv, '', iv, last, rest end
+  if not start then return iv, '', iv end
   local event = ''
   local function change(new, what)
     local before, until_ms = '', 0
@@ -764,19 +761,6 @@ local function pace_release(site, id, start, outcome, rate, start_ms, min_ms, ma
     redis.call('HINCRBY', K, what, 1)
     iv, event, probe = new, what, ''
   end
-  if outcome == 'ok' then
-    if last == 'f' and rest > rest_ms then  -- back clean from the site's rest: it was long enough
-      rest = rest * PACE_REST_DECAY
-      if rest < rest_ms then rest = rest_ms end
-      redis.call('HSET', K, 'rest', istr(rest))
-    end
-    if last ~= 'c' then redis.call('HSET', K, 'p:' .. id, 'c') end
-  elseif outcome == 'ban' then
-    local mark = 'b'
-    if rate and last == 'c' then mark = 'f' end
-    if last ~= mark then redis.call('HSET', K, 'p:' .. id, mark) end
-  end
-
   if probe ~= '' and probe == id then
     -- The probe proxy's answer: its uses from the probe's start on are paced by piv.
     if outcome == 'ok' then
@@ -849,6 +833,106 @@ local function pace_release(site, id, start, outcome, rate, start_ms, min_ms, ma
       event = 'skip'
     end
   end
-  if probe ~= '' and probe == id then return piv, event, iv, last, rest end
-  return iv, event, iv, last, rest
+  if probe ~= '' and probe == id then return piv, event, iv end
+  return iv, event, iv
+end
+
+-- ==== What every mode learns from a site's answers (release.lua, before pacing; docs/pacing.md) ====
+-- In P:pace:<site> (kept PACE_KEEP_MS after its last write):
+--   p:<id> the proxy's last answer on the site: 'c' clean, 'f<ms>' a brief (rate-type) quarantine of that
+--          length, 'b' a hard block. A rate-type ban (kind 1) and any ban after a clean answer or a brief
+--          quarantine are brief: they start from the site's rest, not the ban TTL (see release.lua)
+--   rest   the site's rest after a rate-type ban, ms (at least the caller's minimum): when banned IPs
+--          come back clean: a proxy clean again after a brief quarantine of T sets rest to at most
+--          LEARN_REST_DECAY x T; one banned again right after it rests 2 x T, and rest becomes that
+--   mg     the path margin, ms, added to a fixed interval (not to a learned one, which moves by itself):
+--          the site counts arrivals, and path jitter brings some closer than they were sent. A strike-like
+--          answer (a rate-type ban, or a block after a clean answer) of a request started at or after
+--          mge widens it by mgs (which then doubles) for every host; each MARGIN_RUN clean answers narrow
+--          it by MARGIN_DECAY (mgs back to MARGIN_STEP), never below MARGIN_KEEP x mgb, the widest
+--          margin that proved too narrow, itself x MARGIN_FORGET each MARGIN_FORGET_RUN clean answers
+--   mgr    clean answers since the last change (counted only while a margin or mgb is set)
+--   widen  widenings (a counter)
+local LEARN_REST_DECAY = 0.9
+local MARGIN_STEP = 5          -- ms
+local MARGIN_RUN = 200
+local MARGIN_DECAY = 0.9
+local MARGIN_KEEP = 1.25
+local MARGIN_FORGET_RUN = 1000
+local MARGIN_FORGET = 0.8
+
+-- The length of a brief quarantine a mark records (ms), or nil.
+local function brief_of(mark)
+  if not mark then return nil end
+  return tonumber(string.match(mark, '^f(%d+)$'))
+end
+
+-- Learn from one answer. `kind`: 0 no ban, 1 rate-type ban, 2 block, 3 failed content check;
+-- `interval` the fixed interval paced with (ms; 0 for none or adaptive: no margin). Returns the proxy's
+-- previous mark, the site's rest (ms) and the margin in force (ms) with what this answer did to it
+-- ('' or 'widen').
+local function site_learn(site, id, start, outcome, kind, rest_min, interval, now)
+  local K = K_PACE
+  local s = redis.call('HMGET', K, 'p:' .. id, 'rest', 'mg', 'mgs', 'mge', 'mgr', 'mgb')
+  local last = s[1]
+  local rest = tonumber(s[2]) or rest_min
+  if rest < rest_min then rest = rest_min end
+  local mg, mgs, mge = tonumber(s[3]) or 0, tonumber(s[4]) or MARGIN_STEP, tonumber(s[5]) or 0
+  local mgr, mgb = tonumber(s[6]) or 0, tonumber(s[7]) or 0
+  local set = {}
+  local event = ''
+  if outcome == 'ok' then
+    local brief = brief_of(last)
+    if brief and rest > rest_min and brief * LEARN_REST_DECAY < rest then
+      -- back clean from a brief quarantine of `brief`: the site forgets sooner than that
+      rest = brief * LEARN_REST_DECAY
+      if rest < rest_min then rest = rest_min end
+      set[#set + 1] = 'rest'; set[#set + 1] = istr(rest)
+    end
+    if last ~= 'c' then set[#set + 1] = 'p:' .. id; set[#set + 1] = 'c' end
+    if interval > 0 and (mg > 0 or mgb > 0) and start and start >= mge then
+      mgr = mgr + 1
+      if mgr % MARGIN_FORGET_RUN == 0 then
+        mgb = mgb * MARGIN_FORGET
+        set[#set + 1] = 'mgb'; set[#set + 1] = pace_ms(mgb)
+      end
+      if mgr % MARGIN_RUN == 0 and mg > MARGIN_KEEP * mgb then
+        mg = mg * MARGIN_DECAY
+        if mg < MARGIN_KEEP * mgb then mg = MARGIN_KEEP * mgb end
+        if mg < 0.5 then mg = 0 end
+        set[#set + 1] = 'mg'; set[#set + 1] = pace_ms(mg)
+        set[#set + 1] = 'mgs'; set[#set + 1] = MARGIN_STEP
+      end
+      set[#set + 1] = 'mgr'; set[#set + 1] = mgr
+    end
+  elseif outcome == 'ban' and interval > 0 and start and start >= mge
+      and (kind == 1 or (kind >= 2 and last == 'c')) then
+    -- strike-like: this request was paced by the margin in force and still met the site's limit
+    if mg > mgb then mgb = mg end
+    mg = mg + mgs
+    if mg > interval then mg = interval end
+    set[#set + 1] = 'mg'; set[#set + 1] = pace_ms(mg)
+    set[#set + 1] = 'mgs'; set[#set + 1] = mgs * 2
+    set[#set + 1] = 'mge'; set[#set + 1] = istr(now)
+    set[#set + 1] = 'mgb'; set[#set + 1] = pace_ms(mgb)
+    set[#set + 1] = 'mgr'; set[#set + 1] = 0
+    redis.call('HINCRBY', K, 'widen', 1)
+    event = 'widen'
+  end
+  if #set > 0 then
+    redis.call('HSET', K, unpack(set))
+    redis.call('PEXPIRE', K, PACE_KEEP_MS)
+  end
+  return last, rest, mg, event
+end
+
+-- Record the proxy's answer on the site after a ban (see p:<id> above): 'f<ms>' a brief quarantine of
+-- that length, else 'b'.
+local function site_mark(id, last, brief_ms)
+  local mark = 'b'
+  if brief_ms then mark = 'f' .. istr(brief_ms) end
+  if mark ~= last then
+    redis.call('HSET', K_PACE, 'p:' .. id, mark)
+    redis.call('PEXPIRE', K_PACE, PACE_KEEP_MS)
+  end
 end

@@ -31,28 +31,33 @@
 --          see pace_release in _lib.lua), "0" off (ARGV[20..24] are then ignored)
 -- ARGV[20] learned interval to start from, ms    ARGV[21] its minimum, ms    ARGV[22] its maximum, ms
 -- ARGV[23] factor the learned interval is paced with (the caller's randomization draw; "1" for none)
--- ARGV[24] "1" when this ban is rate-type (PROXY_SHARD_AUTOTHROTTLE_BAN_REASONS), else "0"
--- ARGV[25] the shortest rest after a rate ban that followed a clean answer, ms (AUTOTHROTTLE_BAN_TTL):
---          the site's learned rest never goes below it (see pace_release)
+-- ARGV[24] the ban's kind: 0 none (not a ban), 1 rate-type (PROXY_SHARD_AUTOTHROTTLE_BAN_REASONS, or a
+--          Retry-After), 2 a block (403...), 3 a failed content check (missing CSS, a small body)
+-- ARGV[25] the shortest brief quarantine, ms (AUTOTHROTTLE_BAN_TTL): the site's learned rest never
+--          goes below it (see site_learn)
+--          In every mode this answer first teaches the site's state (site_learn in _lib.lua): the
+--          proxy's mark, the site's rest and, with a fixed interval, the path margin added to ARGV[6]
 -- ARGV[26] the site's Retry-After of this ban, ms, or 0: the quarantine lasts exactly that long (no
 --          jitter, no learned rest) unless the IP was banned again within one quarantine length of
 --          its return (the site's word proved wrong: the usual escalation from ARGV[11])
 -- ARGV[27] arrival guard cap, ms (0: none)    ARGV[28] the caller's floor for this proxy on the site, ms
---          (-1: none yet). The slot's next start is pushed back by min(cap, max(1, now - start - floor)):
+--          (-1: none yet: paced from this release whatever the cap). The slot's next start is pushed back by min(cap, max(1, now - start - floor)):
 --          it is paced from when this request can have reached the site, not from its lease (a request
 --          slower than the quickest the caller has seen can have arrived that much late; see
 --          crawl/arrival.py). Without a floor (the caller's first use of the proxy on the site: new
 --          connections) by now - start: this release is the only sure bound on the arrival
 -- Replies:
 --   {"OK", now_ms, ban_until_ms, strikes, breaker_event, bans, proxies, reasons, window_ms, cooloff_ms,
---    learned_interval, pace_event}
+--    learned_interval, pace_event, margin_ms, margin_event}
 --        released (ban fields 0 when no ban was applied). breaker_event "" or: "opened" (this ban
 --        opened the site's breaker: bans, distinct proxies, "reason:n,..." and window are the
 --        evidence), "reopened" (this probe was banned), "closed" (this probe was fine), "spared" (a
 --        ban while the breaker is open or half-open: no quarantine, no strike); cooloff_ms with
 --        opened/reopened. learned_interval: the site's learned interval in force, ms as a string, ""
 --        when ARGV[18] is "0"; pace_event: what this answer did to it: "", "probe", "down", "fail",
---        "back", "up", "skip" or "forget". The STALE and EXPIRED replies carry the same fields.
+--        "back", "up", "skip" or "forget". margin_ms: the site's path margin in force (ms, fixed
+--        interval only, "0" otherwise); margin_event "" or "widen". The STALE and EXPIRED replies carry
+--        the same fields.
 --   {"STALE", now_ms, ban_until_ms, strikes}   the lease had expired and someone else holds the slot
 --        now: nothing was freed (never a double use); outcome and ban are still recorded
 --   {"EXPIRED", now_ms, ban_until_ms, strikes} the lease had expired and nobody holds the slot;
@@ -71,7 +76,7 @@ local bad = arg_str(1, 'site') or arg_str(2, 'member') or arg_str(3, 'token') or
   or arg_int(20, 'autothrottle start interval ms', 1, MAX_MS)
   or arg_int(21, 'autothrottle min interval ms', 1, MAX_MS)
   or arg_int(22, 'autothrottle max interval ms', 1, MAX_MS)
-  or arg_num(23, 'interval factor', 0, 2) or arg_int(24, 'rate ban flag', 0, 1)
+  or arg_num(23, 'interval factor', 0, 2) or arg_int(24, 'ban kind', 0, 3)
   or arg_int(25, 'autothrottle ban ttl ms', 1, MAX_MS) or arg_int(26, 'retry-after ms', 0, MAX_MS)
   or arg_int(27, 'arrival guard ms', 0, MAX_MS) or arg_int(28, 'arrival floor ms', -1, MAX_MS)
   or arg_str(17, 'breaker', true)
@@ -101,29 +106,39 @@ local id = id_of(member)
 local ready = K_READY
 local status = 'OK'
 
--- Adaptive pacing: this answer updates the site's learned interval, which then paces the slot.
-local pace_iv, pace_event, last_answer, site_rest = '', '', nil, nil
-if ARGV[19] == '1' then
-  --@lazy pace_release pace_ms PACE_KEEP_MS
-  local start = nil
-  if held_with(record, token) then start = lease_start(record) end
+-- What the site teaches in every mode (the proxy's last answer, the site's rest, the path margin),
+-- then adaptive pacing: this answer updates the site's learned interval, which then paces the slot.
+local kind = tonumber(ARGV[24])
+local answer_start = nil  -- the answered request's start (ms), when its lease is still this one
+if held_with(record, token) then answer_start = lease_start(record) end
+local adaptive = ARGV[19] == '1'
+local fixed = interval
+if adaptive then fixed = 0 end
+local last_answer, site_rest, margin, margin_event = site_learn(site, id, answer_start, outcome, kind,
+  tonumber(ARGV[25]), fixed, now)
+local pace_iv, pace_event = '', ''
+if adaptive then
+  --@lazy pace_release
+  -- a vote against the pace: a rate-type ban, or a block right after a clean answer
+  local rate = kind == 1 or (kind >= 2 and last_answer == 'c')
   local paced, learned
-  paced, pace_event, learned, last_answer, site_rest = pace_release(site, id, start, outcome, ARGV[24] == '1',
-    tonumber(ARGV[20]), tonumber(ARGV[21]), tonumber(ARGV[22]), tonumber(ARGV[25]), now)
+  paced, pace_event, learned = pace_release(site, id, answer_start, outcome, rate,
+    tonumber(ARGV[20]), tonumber(ARGV[21]), tonumber(ARGV[22]), last_answer, now)
   interval = math.floor(paced * tonumber(ARGV[23]) + 0.5)
   pace_iv = pace_ms(learned)
   redis.call('PEXPIRE', K_PACE, PACE_KEEP_MS)  -- a learned pace outlives restarts, not a dead site
+elseif interval > 0 then
+  interval = interval + math.floor(margin + 0.5)
 end
 -- The interval a use that started at `start` paces its slot with: + the arrival guard's shift.
 local guard_cap, guard_floor = tonumber(ARGV[27]), tonumber(ARGV[28])
 local function guarded(start)
-  if guard_cap == 0 or not start then return interval end
-  local shift = now - start  -- no floor (cold): paced from this release
-  if guard_floor >= 0 then
-    shift = shift - guard_floor
-    -- At least 1 ms: `start` is whole ms, read up to 1 ms before the true start.
-    if shift < 1 then shift = 1 elseif shift > guard_cap then shift = guard_cap end
-  end
+  if not start then return interval end
+  if guard_floor < 0 then return interval + now - start end  -- no floor (cold): paced from this release
+  if guard_cap == 0 then return interval end
+  local shift = now - start - guard_floor
+  -- At least 1 ms: `start` is whole ms, read up to 1 ms before the true start.
+  if shift < 1 then shift = 1 elseif shift > guard_cap then shift = guard_cap end
   return interval + shift
 end
 
@@ -202,20 +217,26 @@ elseif outcome == 'ban' or outcome == 'dead' then
   redis.call('HINCRBY', K_SSTATS, site .. ':banned', 1)
   local started = 0
   if not (outcome == 'ban' and spare) then  -- spared: the site's breaker is open or half-open
-    -- A rate ban under adaptive pacing of a proxy that answered clean last time blames the pace (it is
-    -- slowed): the IP rests for the site's rest, from the first strike. Banned again right after that
-    -- rest, the site blocks the IP for longer: the quarantine escalates from the site's rest, which
-    -- becomes the escalated length (pace_release brings it down again as proxies come back clean).
+    -- Quarantine fit to the cause: a rate-type ban, or any ban of a proxy that answered clean or came
+    -- back from a brief quarantine, is brief: from the site's rest (learned from when banned IPs come
+    -- back clean), a new first strike after a clean answer, escalating on repeat. Banned again right
+    -- after its rest, the IP's escalated length becomes the site's rest. A hard block (a first contact
+    -- answered 403, or a ban after a block) keeps the ban TTL. The site's Retry-After wins over both.
     local told = tonumber(ARGV[26])
-    local rate_rest = told == 0 and ARGV[24] == '1' and site_rest and (last_answer == 'c' or last_answer == 'f')
+    local before = brief_of(last_answer)  -- banned again right after a brief quarantine of this length
+    local brief = outcome == 'ban' and (kind == 1 or last_answer == 'c' or before ~= nil)
     local base = tonumber(ARGV[11])
-    if rate_rest then base = site_rest end
+    if brief then
+      base = site_rest
+      if before and 2 * before > base then base = 2 * before end
+    end
     ban_until, strikes, started = ban(scope, id, ARGV[10], base, tonumber(ARGV[12]),
-      tonumber(ARGV[13]), tonumber(ARGV[14]), now, rate_rest and last_answer == 'c', told)
-    if rate_rest and last_answer == 'f' and started == 1 and strikes == 2 then
-      local longer = base * 2
-      if longer > tonumber(ARGV[12]) then longer = tonumber(ARGV[12]) end
-      redis.call('HSET', K_PACE, 'rest', istr(longer))
+      tonumber(ARGV[13]), tonumber(ARGV[14]), now, brief and last_answer == 'c', told, brief)
+    if started == 1 and outcome == 'ban' then
+      if brief and told == 0 and base > site_rest then  -- the site's rest proved too short
+        redis.call('HSET', K_PACE, 'rest', istr(base))
+      end
+      if brief then site_mark(id, last_answer, ban_until - now) else site_mark(id, last_answer, nil) end
     end
   end
   if outcome == 'ban' and started == 1 and breaker then
@@ -235,4 +256,6 @@ local reply = {status, now, ban_until, strikes}
 for _, x in ipairs(event) do reply[#reply + 1] = x end
 reply[#reply + 1] = pace_iv
 reply[#reply + 1] = pace_event
+reply[#reply + 1] = pace_ms(margin)
+reply[#reply + 1] = margin_event
 return remember_release(K_LEASE_MEMO, reply, now_str)
