@@ -77,8 +77,10 @@ DEFAULTS: dict[str, Any] = {
     "PROXY_SHARD_MIN_INTERVAL": 1.0,  # start-to-start, per IP, site and slot
     "PROXY_SHARD_REST_AFTER_RESPONSE": 0.0,
     "PROXY_SHARD_RANDOMIZE_INTERVAL": False,
-    "PROXY_SHARD_ARRIVAL_GUARD": 0.5,  # x the interval: the most a late arrival may push the next start
-    "PROXY_SHARD_AUTOTHROTTLE_ENABLED": False,
+    "PROXY_SHARD_ARRIVAL_GUARD": 0.0,  # x the interval: the most a late arrival may push the next start
+    # "auto": adaptive pacing where the site's rule is not given (no PROXY_SHARD_MIN_INTERVAL, or a site
+    # entry's min_interval, set); True / False: everywhere / nowhere (a site entry may still say)
+    "PROXY_SHARD_AUTOTHROTTLE_ENABLED": "auto",
     "PROXY_SHARD_AUTOTHROTTLE_START_INTERVAL": 1.0,
     "PROXY_SHARD_AUTOTHROTTLE_MIN_INTERVAL": 0.1,
     "PROXY_SHARD_AUTOTHROTTLE_MAX_INTERVAL": 60.0,
@@ -375,8 +377,9 @@ class ShardSettings:
             arrival_guard=_number(get, "PROXY_SHARD_ARRIVAL_GUARD", minimum=0.0, maximum=MAX_ARRIVAL_GUARD),
         )
         autothrottle_ban_ttl = _number(get, "PROXY_SHARD_AUTOTHROTTLE_BAN_TTL", minimum=0.001, maximum=MAX_BAN_TTL)
-        autothrottle = _autothrottle(get, None, _AUTOTHROTTLE_SETTINGS, _boolean(s, "PROXY_SHARD_AUTOTHROTTLE_ENABLED"),
-                                     ban_ttl=autothrottle_ban_ttl)
+        auto = _auto_boolean(s, "PROXY_SHARD_AUTOTHROTTLE_ENABLED")
+        adaptive = auto if auto is not None else s.get("PROXY_SHARD_MIN_INTERVAL") is None
+        autothrottle = _autothrottle(get, None, _AUTOTHROTTLE_SETTINGS, adaptive, ban_ttl=autothrottle_ban_ttl)
         concurrency = pacing.concurrency
         session_ttl = _number(get, "PROXY_SHARD_SESSION_TTL", minimum=0.001, maximum=MAX_SESSION_TTL)
         bans = BanOptions(
@@ -391,7 +394,7 @@ class ShardSettings:
                 f"PROXY_SHARD_BAN_MAX_TTL ({bans.max_ttl!r}) must be >= PROXY_SHARD_BAN_TTL ({bans.ttl!r})"
             )
         site_entries = _site_entries(s)
-        sites = _sites(site_entries, pacing, autothrottle)
+        sites = _sites(site_entries, pacing, autothrottle, auto=auto is None)
         site_idle_ttl = _site_idle_ttl(get, pacing, sites, autothrottle)
         breaker = _breaker(get, lambda f: f"PROXY_SHARD_BREAKER_{f.upper()}", BreakerOptions())
         return cls(
@@ -547,6 +550,17 @@ def _boolean(settings: BaseSettings, name: str, *, label: str | None = None) -> 
         raise SettingError(f"{label or name} ({settings.get(name)!r}) must be True or False") from None
 
 
+def _auto_boolean(settings: BaseSettings, name: str) -> bool | None:
+    """A boolean setting that may also be ``"auto"`` (None: the plugin decides)."""
+    raw = settings.get(name, DEFAULTS.get(name))
+    if isinstance(raw, str) and raw.strip().lower() == "auto":
+        return None
+    try:
+        return settings.getbool(name, DEFAULTS.get(name))
+    except (TypeError, ValueError):
+        raise SettingError(f"{name} ({raw!r}) must be True, False or 'auto'") from None
+
+
 def _mapping(settings: BaseSettings, name: str) -> dict:
     """Scrapy's ``getdict`` (a dict, or a JSON object string), its errors naming the setting."""
     try:
@@ -614,9 +628,9 @@ def _site_idle_ttl(get: Any, pacing: SiteOptions, sites: Mapping[str, SiteOption
     the arrival guard's longest shift (guard x the interval), or the rest after a response."""
     idle = _number(get, "PROXY_SHARD_SITE_IDLE_TTL", minimum=MIN_SITE_IDLE_TTL, maximum=MAX_SESSION_TTL)
     gaps = []
-    for own in (pacing, *sites.values()):
-        at = own.autothrottle if own.autothrottle is not None else autothrottle
-        gaps.append(own.longest_gap(max(own.min_interval, at.max_interval if at.enabled else 0.0)))
+    # (a site entry's autothrottle is None where adaptive pacing is off there)
+    for own, at in ((pacing, autothrottle), *((site, site.autothrottle) for site in sites.values())):
+        gaps.append(own.longest_gap(max(own.min_interval, at.max_interval if at is not None and at.enabled else 0.0)))
     longest = max(gaps)
     if idle < 2 * longest:
         raise SettingError(
@@ -628,8 +642,10 @@ def _site_idle_ttl(get: Any, pacing: SiteOptions, sites: Mapping[str, SiteOption
 
 
 def _sites(entries: list[tuple[str, str, dict[str, Any]]], pacing: SiteOptions,
-           autothrottle: AutothrottleOptions) -> dict[str, SiteOptions]:
-    """Pacing of each site, the global values (``pacing``, ``autothrottle``) where a site sets none."""
+           autothrottle: AutothrottleOptions, *, auto: bool = False) -> dict[str, SiteOptions]:
+    """Pacing of each site, the global values (``pacing``, ``autothrottle``) where a site sets none.
+    ``auto`` (AUTOTHROTTLE_ENABLED "auto"): a site that gives its own ``min_interval`` (its rule) is paced
+    with it, not adaptively, unless it sets ``autothrottle_enabled``."""
     out: dict[str, SiteOptions] = {}
     for key, label, options in entries:
         def site_get(name: str, default: Any = None, _options=options) -> Any:
@@ -645,7 +661,7 @@ def _sites(entries: list[tuple[str, str, dict[str, Any]]], pacing: SiteOptions,
             _number(site_get, f"{label}.rest_after_response", pacing.rest_after_response, minimum=0.0,
                     maximum=MAX_INTERVAL),
             randomize,
-            _site_autothrottle(options, label, autothrottle),
+            _site_autothrottle(options, label, autothrottle, rule_given=auto and "min_interval" in options),
             _number(site_get, f"{label}.arrival_guard", pacing.arrival_guard, minimum=0.0,
                     maximum=MAX_ARRIVAL_GUARD),
         )
@@ -720,9 +736,10 @@ _AUTOTHROTTLE_SETTINGS = {f: f"PROXY_SHARD_AUTOTHROTTLE_{f.upper()}" for f in _A
 
 
 def _site_autothrottle(options: Mapping[str, Any], label: str,
-                       base: AutothrottleOptions) -> AutothrottleOptions | None:
-    """A site's ``autothrottle_*`` options over the global ones; None when adaptive pacing is off there."""
-    enabled = base.enabled
+                       base: AutothrottleOptions, *, rule_given: bool = False) -> AutothrottleOptions | None:
+    """A site's ``autothrottle_*`` options over the global ones; None when adaptive pacing is off there
+    (``rule_given``: the site gives its own interval under AUTOTHROTTLE_ENABLED "auto": off unless it says)."""
+    enabled = base.enabled and not rule_given
     if "autothrottle_enabled" in options:
         enabled = _boolean(BaseSettings({"e": options["autothrottle_enabled"]}), "e",
                            label=f"{label}.autothrottle_enabled")

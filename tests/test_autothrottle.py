@@ -337,9 +337,20 @@ def test_status_exporter_and_log_line_show_the_learned_interval(fake_redis):
 # --- settings ------------------------------------------------------------------------------------------
 
 def test_settings_defaults_and_per_site_overrides():
-    s = ShardSettings.from_settings({})
+    s = ShardSettings.from_settings({"PROXY_SHARD_AUTOTHROTTLE_ENABLED": False})
     assert s.autothrottle == AutothrottleOptions(False, 1.0, 0.1, 60.0)
     assert s.site_options("a.example").autothrottle is None  # off
+    # "auto" (the default): on where the rule is not given; a site that gives its interval is paced with it
+    s = ShardSettings.from_settings({"PROXY_SHARD_SITES": {"ruled.example": {"min_interval": 0.5},
+                                                           "said.example": {"min_interval": 0.5,
+                                                                            "autothrottle_enabled": True}}})
+    assert s.autothrottle.enabled
+    assert s.site_options("a.example").autothrottle == AutothrottleOptions(True, 1.0, 0.1, 60.0)
+    assert s.site_options("ruled.example").autothrottle is None
+    assert s.site_options("said.example").autothrottle is not None
+    s = ShardSettings.from_settings({"PROXY_SHARD_MIN_INTERVAL": 0.5, "PROXY_SHARD_SITES": {"b.example": {}}})
+    assert not s.autothrottle.enabled and s.site_options("b.example").autothrottle is None
+    assert ShardSettings.from_settings({"PROXY_SHARD_AUTOTHROTTLE_ENABLED": " Auto "}).autothrottle.enabled
     assert "http_429" in s.autothrottle_ban_reasons and "http_403" not in s.autothrottle_ban_reasons
     s = ShardSettings.from_settings({
         "PROXY_SHARD_AUTOTHROTTLE_ENABLED": True, "PROXY_SHARD_AUTOTHROTTLE_MIN_INTERVAL": 0.2,
@@ -360,7 +371,8 @@ def test_settings_defaults_and_per_site_overrides():
      "PROXY_SHARD_AUTOTHROTTLE_START_INTERVAL (100.0) must be within"),
     ({"PROXY_SHARD_AUTOTHROTTLE_MIN_INTERVAL": 2, "PROXY_SHARD_AUTOTHROTTLE_MAX_INTERVAL": 1,
       "PROXY_SHARD_AUTOTHROTTLE_START_INTERVAL": 1}, "PROXY_SHARD_AUTOTHROTTLE_MIN_INTERVAL (2.0) must be <="),
-    ({"PROXY_SHARD_AUTOTHROTTLE_ENABLED": "perhaps"}, "PROXY_SHARD_AUTOTHROTTLE_ENABLED ('perhaps') must be True"),
+    ({"PROXY_SHARD_AUTOTHROTTLE_ENABLED": "perhaps"},
+     "PROXY_SHARD_AUTOTHROTTLE_ENABLED ('perhaps') must be True, False or 'auto'"),
     ({"PROXY_SHARD_AUTOTHROTTLE_BAN_REASONS": ["HTTP 429"]}, "PROXY_SHARD_AUTOTHROTTLE_BAN_REASONS (['HTTP 429'])"),
     ({"PROXY_SHARD_AUTOTHROTTLE_BAN_TTL": -1}, "PROXY_SHARD_AUTOTHROTTLE_BAN_TTL (-1) must be >= 0.001"),
     ({"PROXY_SHARD_SITES": {"a.example": {"autothrottle_max_interval": 0.05}}},
@@ -370,13 +382,16 @@ def test_settings_defaults_and_per_site_overrides():
      "PROXY_SHARD_SITES['a.example'].autothrottle_enabled ('maybe') must be True or False"),
     ({"PROXY_SHARD_SITES": {"a.example": {"autothrotle_min_interval": 1}}}, "unknown option(s)"),
     # a site's state must not expire between two uses paced by the longest interval adaptive pacing may learn
-    # (a gap: the interval x (1 + the arrival guard's 0.5 by default), x 1.5 when randomized)
-    ({"PROXY_SHARD_AUTOTHROTTLE_ENABLED": True, "PROXY_SHARD_SITE_IDLE_TTL": 100},
+    # (a gap: the interval x (1 + the arrival guard, 0 by default), x 1.5 when randomized)
+    ({"PROXY_SHARD_SITE_IDLE_TTL": 100},
+     "PROXY_SHARD_SITE_IDLE_TTL (100.0) must be at least twice the longest pacing gap (60 s"),
+    ({"PROXY_SHARD_AUTOTHROTTLE_ENABLED": True, "PROXY_SHARD_ARRIVAL_GUARD": 0.5, "PROXY_SHARD_SITE_IDLE_TTL": 100},
      "PROXY_SHARD_SITE_IDLE_TTL (100.0) must be at least twice the longest pacing gap (90 s"),
     ({"PROXY_SHARD_SITES": {"a.example": {"autothrottle_enabled": True, "autothrottle_max_interval": 2000}}},
-     "PROXY_SHARD_SITE_IDLE_TTL (3600.0) must be at least twice the longest pacing gap (3000 s"),
+     "PROXY_SHARD_SITE_IDLE_TTL (3600.0) must be at least twice the longest pacing gap (2000 s"),
     # the arrival guard's shift and the randomized interval count: 35 s x (1.5 + 0.5) = 70 s > 120 / 2
-    ({"PROXY_SHARD_MIN_INTERVAL": 35, "PROXY_SHARD_RANDOMIZE_INTERVAL": True, "PROXY_SHARD_SITE_IDLE_TTL": 120},
+    ({"PROXY_SHARD_MIN_INTERVAL": 35, "PROXY_SHARD_RANDOMIZE_INTERVAL": True, "PROXY_SHARD_ARRIVAL_GUARD": 0.5,
+      "PROXY_SHARD_SITE_IDLE_TTL": 120},
      "PROXY_SHARD_SITE_IDLE_TTL (120.0) must be at least twice the longest pacing gap (70 s"),
     ({"PROXY_SHARD_SITES": {"a.example": {"min_interval": 40, "arrival_guard": 2.0}}, "PROXY_SHARD_SITE_IDLE_TTL": 200},
      "PROXY_SHARD_SITE_IDLE_TTL (200.0) must be at least twice the longest pacing gap (120 s"),

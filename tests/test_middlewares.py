@@ -209,7 +209,8 @@ def test_the_arrival_guard_paces_from_when_a_request_can_have_reached_the_site()
     from scrapy_proxy_shard.crawl.arrival import WARM_SAMPLES
     from scrapy_proxy_shard.engine.keyset import script_keys
 
-    h = Harness({"PROXY_SHARD_MIN_INTERVAL": 0.2, "PROXY_SHARD_SITES": {"free.example": {"arrival_guard": 0}}},
+    h = Harness({"PROXY_SHARD_MIN_INTERVAL": 0.2, "PROXY_SHARD_ARRIVAL_GUARD": 0.5,
+                 "PROXY_SHARD_SITES": {"free.example": {"arrival_guard": 0}}},
                 proxies=PROXIES[:1])
     asked = []
     release = h.runtime.store.release

@@ -1,6 +1,7 @@
 import pytest
 from scrapy.settings import Settings
 
+from scrapy_proxy_shard.engine.pacing import AutothrottleOptions
 from scrapy_proxy_shard.exceptions import SettingError
 from scrapy_proxy_shard.modes.connection import async_client, client_params, redis_url_of
 from scrapy_proxy_shard.settings import ShardSettings, SiteOptions
@@ -14,7 +15,10 @@ def test_defaults_are_sane():
     s = parse()
     assert s.enabled and s.pool == "default" and s.namespace == "proxy_shard"
     assert s.lease_ttl == 210.0  # DOWNLOAD_TIMEOUT (180) + 30: a live download never loses its lease
-    assert s.site_options("any.example") == SiteOptions(1, 1.0)
+    # the site's rule not given: adaptive pacing (AUTOTHROTTLE_ENABLED "auto"), the arrival guard off
+    assert s.site_options("any.example") == SiteOptions(1, 1.0, autothrottle=AutothrottleOptions(True, 1.0, 0.1, 60.0))
+    assert s.arrival_guard == 0.0
+    assert parse(PROXY_SHARD_MIN_INTERVAL=1.0).site_options("any.example") == SiteOptions(1, 1.0)  # given: fixed
     assert ":" in s.host_id
 
 
@@ -76,7 +80,7 @@ def test_pacing_options_default_globally_and_per_site():
     assert s.site_options("other.example") == SiteOptions(1, 2.0, 0.5, True)
     assert s.site_options("a.example") == SiteOptions(1, 2.0, 0.0, False)
     assert s.site_options("b.example") == SiteOptions(1, 0.25, 0.5, True)  # unset options: the global ones
-    assert parse().site_options("x.example") == SiteOptions(1, 1.0, 0.0, False)
+    assert parse(PROXY_SHARD_AUTOTHROTTLE_ENABLED=False).site_options("x.example") == SiteOptions(1, 1.0, 0.0, False)
 
 
 def test_redis_connection_settings():
@@ -233,7 +237,8 @@ def test_plain_mappings_use_scrapy_getters_too():
 
 
 def test_per_site_options_are_one_list_for_pacing_and_content_rules():
-    s = parse(PROXY_SHARD_SITES={"shop.example": {"concurrency": 2, "challenge_patterns": ["/wall"],
+    s = parse(PROXY_SHARD_MIN_INTERVAL=1.0,
+              PROXY_SHARD_SITES={"shop.example": {"concurrency": 2, "challenge_patterns": ["/wall"],
                                                   "min_body_size": 10}})
     assert s.site_options("shop.example") == SiteOptions(2, 1.0)
     rules = s.policy.site_rules["shop.example"]
