@@ -479,6 +479,27 @@ def test_the_arrival_guard_pushes_the_next_start_back(store, clock, guard, expec
     assert expected - 0.005 < wait.wait + clock.slack and wait.wait <= expected + 0.05 + clock.slack
 
 
+def test_slots_of_one_proxy_keep_the_interval_between_their_starts(store, clock):
+    """SITE_CONCURRENCY > 1: the site counts arrivals per IP, so the interval is the proxy's on the site,
+    not each slot's: a lease keeps the proxy's other slots the interval after its start, and a slot that
+    was in flight meanwhile is free no sooner than the proxy's latest start + the interval."""
+    store.add_proxies(POOL, URLS[:1])
+    first = lease_ok(store, concurrency=2)
+    store.release(first, min_interval=0.3)  # the release tells the site the spacing
+    clock.sleep(0.31)
+    a = lease_ok(store, concurrency=2)
+    wait = store.lease(POOL, "a.example", ttl=5, concurrency=2)
+    assert isinstance(wait, LeaseWait) and 0.25 < wait.wait <= 0.3 + 1e-6  # not both slots at once
+    clock.sleep(wait.wait + 0.005)
+    b = lease_ok(store, concurrency=2)
+    assert {a.member, b.member} == {f"{a.proxy_id}/0", f"{a.proxy_id}/1"}
+    started = time.monotonic()
+    store.release(a, min_interval=0.3)  # a started 0.3 s ago, but b started just now
+    wait = store.lease(POOL, "a.example", ttl=5, concurrency=2)
+    slack = 0.0 if clock.controlled else time.monotonic() - started
+    assert isinstance(wait, LeaseWait) and 0.25 - slack < wait.wait <= 0.3 + 1e-6
+
+
 def test_the_arrival_guard_paces_a_session_and_adds_to_a_learned_interval(store, clock):
     from scrapy_proxy_shard.engine.pacing import AutothrottleOptions
 

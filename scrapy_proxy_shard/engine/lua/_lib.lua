@@ -391,6 +391,15 @@ local function ban(scope, id, reason, base_ms, max_ms, jitter, window_ms, now, f
   return until_ms, strikes, 1
 end
 
+-- Several slots per proxy on a site (its 'c' > 1): the site counts arrivals per IP, so a lease of one
+-- slot keeps the proxy's other slots at least the site's spacing (ms, under IP_SPACING, the interval
+-- the last release paced with) after its start, and the start is kept under ip_field(id) for the
+-- release of a slot that was in flight meanwhile (release.lua).
+local IP_SPACING = '@iv'
+local function ip_field(id)
+  return '@' .. id
+end
+
 -- An overlap floor: hold.lua found a slot held in Redis by one lease while another host's local
 -- fallback lease of it was in flight (the overlap happened during the outage). Nobody else may be
 -- handed the slot before that local lease ends, even when the Redis holder gives it back sooner:

@@ -145,7 +145,7 @@ if sid ~= '' then
   end
 end
 
-local _, built = ensure_site(site, concurrency, now, pool_seq)
+local site_c, built = ensure_site(site, concurrency, now, pool_seq)
 local found = redis.call('ZRANGEBYSCORE', ready, '-inf', now, 'LIMIT', 0, 1)
 if #found == 0 and built and redis.call('EXISTS', ready) == 0 then
   -- The site's ready set is gone while its hash says every proxy was learnt (the set was evicted, or
@@ -155,7 +155,7 @@ if #found == 0 and built and redis.call('EXISTS', ready) == 0 then
   built = false
 end
 if #found == 0 and not built then  -- still learning: the free ones may be unlearnt: one more page
-  _, built = ensure_site(site, concurrency, now, pool_seq)
+  site_c, built = ensure_site(site, concurrency, now, pool_seq)
   found = redis.call('ZRANGEBYSCORE', ready, '-inf', now, 'LIMIT', 0, 1)
 end
 local url = nil
@@ -209,6 +209,23 @@ if S then
 end
 redis.call('ZADD', ready, hold, member)
 redis.call('HSET', K_SITE, member, held_record(token, host, now, now + lease_ttl, sid))
+local c = site_c
+if c > 1 then
+  -- Arrivals per IP: the proxy's other slots wait the site's spacing after this start (see ip_field).
+  redis.call('HSET', K_SITE, ip_field(id), istr(now))
+  local spacing = tonumber(redis.call('HGET', K_SITE, IP_SPACING))
+  if spacing and spacing > 0 then
+    local others = {}
+    local k = tonumber(string.match(member, '/(%d+)$'))
+    for j = 0, c - 1 do
+      if j ~= k then
+        others[#others + 1] = now + spacing
+        others[#others + 1] = id .. '/' .. j
+      end
+    end
+    redis.call('ZADD', ready, 'XX', 'GT', unpack(others))
+  end
+end
 touch_site(site, hold, idle, now)
 count_lease(id)
 if probing then

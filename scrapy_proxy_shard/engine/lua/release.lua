@@ -85,8 +85,11 @@ local breaker, bad_breaker = breaker_conf(ARGV[17])
 if bad_breaker then return redis.error_reply(bad_breaker) end
 if not id_of(ARGV[2]) then return redis.error_reply('ERR scrapy-proxy-shard: argument member must be <id>/<slot>') end
 local site, member, token, outcome = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
--- The slot's held record and its overlap floor (see floor_field), read once.
-local held_now = redis.call('HMGET', K_SITE, member, floor_field(member))
+-- The slot's held record and its overlap floor (see floor_field), the site's slots per proxy, and with
+-- more than one the proxy's latest start and the spacing leases keep between its slots (see ip_field),
+-- read once.
+local held_now = redis.call('HMGET', K_SITE, member, floor_field(member), 'c', ip_field(id_of(ARGV[2]) or ''),
+  IP_SPACING)
 local record = held_now[1]
 local now, now_str = now_ms()
 -- A plain release whose record is still live and its own has not run before (a first run would have
@@ -172,7 +175,16 @@ else
   else
     redis.call('HDEL', K_SITE, member, floor_field(member))
     local start = lease_start(v)
-    local at = not_before_floor(next_free(site, id, paced_at(start, guarded(start), now, rest)), held_now[2])
+    local at = paced_at(start, guarded(start), now, rest)
+    if (tonumber(held_now[3]) or 1) > 1 then
+      -- Several slots per proxy: the interval is the IP's, not the slot's (the site counts arrivals
+      -- per IP): not before the proxy's latest start + the interval, and leases keep its other slots
+      -- that far apart (lease.lua reads the spacing from here).
+      local latest = tonumber(held_now[4])
+      if latest and latest + interval > at then at = latest + interval end
+      if tostring(interval) ~= held_now[5] then redis.call('HSET', K_SITE, IP_SPACING, tostring(interval)) end
+    end
+    at = not_before_floor(next_free(site, id, at), held_now[2])
     if redis.call('ZADD', ready, 'XX', 'CH', at, member) == 1 then
       announce_freed()
     end
