@@ -24,12 +24,11 @@ def test_a_crawl_at_the_sites_rule_survives_slow_connection_set_ups(tmp_path, re
     s, report = result.summary, result.format()
     assert all(h.exit_code == 0 for h in result.hosts), report
     assert s.overlaps == 0 and result.leases_left == 0, report
-    if guard == "0":
-        # Without the guard the scenario is real: a request held by its connection's set-up reaches
-        # the site late, the next one through the reused connection on time, too close after it.
-        assert s.violations >= 1, report
-        return
+    # The scenario is real: a request held by its connection's set-up reaches the site late, the next
+    # one through the reused connection on time. A cold pair is paced from its release whatever the
+    # guard (before, with the guard at 0, this crawl had violations), so the site sees none either way.
     assert s.violations == 0, report
     assert not s.missing_pages and s.ok_pages == len(config.expected_pages), report
-    shifted = sum(h.stats.get("proxy_shard/pacing/arrival_guard_ms", 0) for h in result.hosts)
-    assert shifted >= SETUP * 1000, report  # at least one cold first use paced from its release
+    if guard != "0":
+        shifted = sum(h.stats.get("proxy_shard/pacing/arrival_guard_ms", 0) for h in result.hosts)
+        assert shifted >= SETUP * 1000, report  # at least one cold first use paced from its release

@@ -847,7 +847,8 @@ local function pace_release(site, id, start, outcome, rate, start_ms, min_ms, ma
 end
 
 -- ==== What every mode learns from a site's answers (release.lua, before pacing; docs/pacing.md) ====
--- In P:pace:<site> (kept PACE_KEEP_MS after its last write):
+-- In P:pace:<site> (kept after its last write for the site's idle TTL, or PACE_KEEP_MS with adaptive
+-- pacing, whose learned interval outlives restarts):
 --   p:<id> the proxy's last answer on the site: 'c' clean, 'f<ms>' a brief (rate-type) quarantine of that
 --          length, 'b' a hard block. A rate-type ban (kind 1) and any ban after a clean answer or a brief
 --          quarantine are brief: they start from the site's rest, not the ban TTL (see release.lua)
@@ -880,7 +881,7 @@ end
 -- `interval` the fixed interval paced with (ms; 0 for none or adaptive: no margin). Returns the proxy's
 -- previous mark, the site's rest (ms) and the margin in force (ms) with what this answer did to it
 -- ('' or 'widen').
-local function site_learn(site, id, start, outcome, kind, rest_min, interval, now)
+local function site_learn(site, id, start, outcome, kind, rest_min, interval, keep_ms, now)
   local K = K_PACE
   local s = redis.call('HMGET', K, 'p:' .. id, 'rest', 'mg', 'mgs', 'mge', 'mgr', 'mgb')
   local last = s[1]
@@ -930,18 +931,18 @@ local function site_learn(site, id, start, outcome, kind, rest_min, interval, no
   end
   if #set > 0 then
     redis.call('HSET', K, unpack(set))
-    redis.call('PEXPIRE', K, PACE_KEEP_MS)
+    redis.call('PEXPIRE', K, keep_ms)
   end
   return last, rest, mg, event
 end
 
 -- Record the proxy's answer on the site after a ban (see p:<id> above): 'f<ms>' a brief quarantine of
 -- that length, else 'b'.
-local function site_mark(id, last, brief_ms)
+local function site_mark(id, last, brief_ms, keep_ms)
   local mark = 'b'
   if brief_ms then mark = 'f' .. istr(brief_ms) end
   if mark ~= last then
     redis.call('HSET', K_PACE, 'p:' .. id, mark)
-    redis.call('PEXPIRE', K_PACE, PACE_KEEP_MS)
+    redis.call('PEXPIRE', K_PACE, keep_ms)
   end
 end

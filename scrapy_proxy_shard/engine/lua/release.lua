@@ -117,8 +117,10 @@ if held_with(record, token) then answer_start = lease_start(record) end
 local adaptive = ARGV[19] == '1'
 local fixed = interval
 if adaptive then fixed = 0 end
+local learn_keep = tonumber(ARGV[18])  -- what the site taught lives as long as its state, or a week
+if adaptive then learn_keep = PACE_KEEP_MS end
 local last_answer, site_rest, margin, margin_event = site_learn(site, id, answer_start, outcome, kind,
-  tonumber(ARGV[25]), fixed, now)
+  tonumber(ARGV[25]), fixed, learn_keep, now)
 local pace_iv, pace_event = '', ''
 if adaptive then
   --@lazy pace_release
@@ -248,7 +250,7 @@ elseif outcome == 'ban' or outcome == 'dead' then
       if brief and told == 0 and base > site_rest then  -- the site's rest proved too short
         redis.call('HSET', K_PACE, 'rest', istr(base))
       end
-      if brief then site_mark(id, last_answer, ban_until - now) else site_mark(id, last_answer, nil) end
+      site_mark(id, last_answer, brief and ban_until - now or nil, learn_keep)
     end
   end
   if outcome == 'ban' and started == 1 and breaker then
