@@ -459,7 +459,9 @@ def test_a_rate_ban_after_a_clean_answer_rests_the_ip_from_the_first_strike(fake
 
     assert rests("cbcbcb") == [1.0, 1.0, 1.0]
     assert rests("cbbb") == [1.0, 2.0, 4.0]
-    assert rests("bbcb") == [1.0, 2.0, 1.8]
+    # a 429 on first contact: brief, x 4 on repeat (the IP never answered clean: likely blacklisted), and
+    # it teaches the site no rest
+    assert rests("bbbcb") == [1.0, 4.0, 16.0, 1.0]
     assert rests("cbcbcb", rate_ban=False) == [1.0, 1.0, 1.0]
     assert rests("bbbcb", rate_ban=False) == [5.0, 10.0, 20.0, 1.0]
     # The site's rest is learned: banned again right after a 1 s rest, the site blocks IPs for longer,

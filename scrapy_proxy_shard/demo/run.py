@@ -269,7 +269,8 @@ def run_demo(config: DemoConfig) -> DemoResult:
     summary = summarize(entries, expected_pages=config.expected_pages)
     egress = {m["source_ip"] for m in manifest}
     return DemoResult(config, summary, hosts, leases_left,
-                      _quarantine_reuse(entries, config.ban_ttl * 0.9, _blind_window(config, events)),
+                      _quarantine_reuse(entries, config.ban_ttl * 0.9, _blind_window(config, events),
+                                        brief=BRIEF_REST * 0.9),
                       time.monotonic() - started, workdir, events,
                       direct_requests=[e for e in entries if e["ip"] not in egress])
 
@@ -434,13 +435,24 @@ def _blind_window(config: DemoConfig, events: Events) -> tuple[float, float] | N
     return start - 1.0, end + grace + 2.0
 
 
+#: The shortest brief quarantine (PROXY_SHARD_AUTOTHROTTLE_BAN_TTL's default, s): a rate-type ban's.
+BRIEF_REST = 1.0
+#: Ban disguises the plugin reads as rate-type (PROXY_SHARD_AUTOTHROTTLE_BAN_REASONS by default): their
+#: quarantine is brief (docs/pacing.md), x 4 per repeat for an IP that never answered the site clean.
+RATE_STYLES = frozenset({"429", "503", "captcha"})
+
+
 def _quarantine_reuse(entries: list[dict], quarantine: float,
-                      blind: tuple[float, float] | None = None) -> list[str]:
-    """Requests an IP sent to a site within ``quarantine`` seconds after that site served it a ban, or
-    within the ban's ``Retry-After`` when the site gave one and it is shorter (the crawler honours it:
-    PROXY_SHARD_RETRY_AFTER). Bans served inside ``blind``, a Redis outage, are left out: see
-    _blind_window."""
+                      blind: tuple[float, float] | None = None, *, brief: float | None = None) -> list[str]:
+    """Requests an IP sent to a site within the quarantine its last ban there earned: ``quarantine``
+    seconds for a block (403, a stub page) or any ban when ``brief`` is None; for a rate-type disguise
+    (RATE_STYLES) ``brief`` x 4 per ban in a row of an IP that never answered the site clean (else x 2):
+    at least what the plugin rests it; or within the ban's ``Retry-After`` when the site gave one and it
+    is shorter (the crawler honours it: PROXY_SHARD_RETRY_AFTER). Bans served inside ``blind``, a Redis
+    outage, are left out: see _blind_window."""
     banned_at: dict[tuple[str, str], tuple[float, float]] = {}
+    in_row: dict[tuple[str, str], int] = {}
+    clean: set[tuple[str, str]] = set()
     reuse = []
     for entry in sorted(entries, key=lambda e: e["start"]):
         key = (entry["ip"], entry["site"])
@@ -448,9 +460,23 @@ def _quarantine_reuse(entries: list[dict], quarantine: float,
         if since is not None and since < entry["start"] < since + window:
             reuse.append(f"{entry['ip']} on {entry['site']} {entry['start'] - since:.1f}s after its ban")
         unseen = blind is not None and blind[0] <= entry.get("end", 0) <= blind[1]
-        if entry.get("ban_style") and entry.get("end") and not unseen and key not in banned_at:
-            told = entry.get("retry_after")
-            banned_at[key] = (entry["end"], min(quarantine, told) if told else quarantine)
+        style = entry.get("ban_style")
+        if not style:
+            if entry.get("status") == 200:
+                clean.add(key)
+                in_row.pop(key, None)
+            continue
+        if not entry.get("end") or unseen:
+            continue
+        n = in_row[key] = in_row.get(key, 0) + 1
+        if brief is not None and (style in RATE_STYLES or key in clean):
+            length = brief * (2 if key in clean else 4) ** (n - 1)
+        elif key in banned_at:
+            continue  # a block in a row: escalated from the first, which is what it is checked against
+        else:
+            length = quarantine
+        told = entry.get("retry_after")
+        banned_at[key] = (entry["end"], min(length, told) if told else length)
     return reuse
 
 

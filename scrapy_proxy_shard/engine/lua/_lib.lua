@@ -850,11 +850,14 @@ end
 -- In P:pace:<site> (kept after its last write for the site's idle TTL, or PACE_KEEP_MS with adaptive
 -- pacing, whose learned interval outlives restarts):
 --   p:<id> the proxy's last answer on the site: 'c' clean, 'f<ms>' a brief (rate-type) quarantine of that
---          length, 'b' a hard block. A rate-type ban (kind 1) and any ban after a clean answer or a brief
+--          length after clean answers ('g<ms>': without any clean answer before, e.g. a 429 on first
+--          contact), 'b' a hard block. A rate-type ban (kind 1) and any ban after a clean answer or a brief
 --          quarantine are brief: they start from the site's rest, not the ban TTL (see release.lua)
 --   rest   the site's rest after a rate-type ban, ms (at least the caller's minimum): when banned IPs
 --          come back clean: a proxy clean again after a brief quarantine of T sets rest to at most
---          LEARN_REST_DECAY x T; one banned again right after it rests 2 x T, and rest becomes that
+--          LEARN_REST_DECAY x T; one banned again right after it rests 2 x T, and rest becomes that when
+--          the proxy had answered clean before ('f': an IP the site blacklists for good, which never
+--          answered clean, must not teach every IP a long rest)
 --   mg     the path margin, ms, added to a fixed interval (not to a learned one, which moves by itself):
 --          the site counts arrivals, and path jitter brings some closer than they were sent. A strike-like
 --          answer (a rate-type ban, or a block after a clean answer) of a request started at or after
@@ -871,10 +874,12 @@ local MARGIN_KEEP = 1.25
 local MARGIN_FORGET_RUN = 1000
 local MARGIN_FORGET = 0.8
 
--- The length of a brief quarantine a mark records (ms), or nil.
+-- The length of a brief quarantine a mark records (ms), or nil, and whether the proxy had answered
+-- clean on the site before that series of brief quarantines ('f'; 'g': it had not).
 local function brief_of(mark)
-  if not mark then return nil end
-  return tonumber(string.match(mark, '^f(%d+)$'))
+  if not mark then return nil, false end
+  local letter, ms = string.match(mark, '^([fg])(%d+)$')
+  return tonumber(ms), letter == 'f'
 end
 
 -- Learn from one answer. `kind`: 0 no ban, 1 rate-type ban, 2 block, 3 failed content check;
@@ -936,11 +941,14 @@ local function site_learn(site, id, start, outcome, kind, rest_min, interval, ke
   return last, rest, mg, event
 end
 
--- Record the proxy's answer on the site after a ban (see p:<id> above): 'f<ms>' a brief quarantine of
--- that length, else 'b'.
+-- Record the proxy's answer on the site after a ban (see p:<id> above): 'f<ms>' or 'g<ms>' a brief
+-- quarantine of that length, else 'b'.
 local function site_mark(id, last, brief_ms, keep_ms)
   local mark = 'b'
-  if brief_ms then mark = 'f' .. istr(brief_ms) end
+  if brief_ms then
+    local _, lineage = brief_of(last)
+    if last == 'c' or lineage then mark = 'f' .. istr(brief_ms) else mark = 'g' .. istr(brief_ms) end
+  end
   if mark ~= last then
     redis.call('HSET', K_PACE, 'p:' .. id, mark)
     redis.call('PEXPIRE', K_PACE, keep_ms)

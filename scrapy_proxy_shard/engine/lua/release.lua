@@ -234,20 +234,25 @@ elseif outcome == 'ban' or outcome == 'dead' then
     -- Quarantine fit to the cause: a rate-type ban, or any ban of a proxy that answered clean or came
     -- back from a brief quarantine, is brief: from the site's rest (learned from when banned IPs come
     -- back clean), a new first strike after a clean answer, escalating on repeat. Banned again right
-    -- after its rest, the IP's escalated length becomes the site's rest. A hard block (a first contact
+    -- after its rest, the IP's escalated length becomes the site's rest (if it answered clean before
+    -- that series: see brief_of). A hard block (a first contact
     -- answered 403, or a ban after a block) keeps the ban TTL. The site's Retry-After wins over both.
     local told = tonumber(ARGV[26])
-    local before = brief_of(last_answer)  -- banned again right after a brief quarantine of this length
+    -- banned again right after a brief quarantine of this length, and whether it answered clean before
+    local before, lineage = brief_of(last_answer)
     local brief = outcome == 'ban' and (kind == 1 or last_answer == 'c' or before ~= nil)
     local base = tonumber(ARGV[11])
     if brief then
+      -- x 2 on repeat; x 4 for an IP that never answered clean on the site (likely blacklisted)
       base = site_rest
-      if before and 2 * before > base then base = 2 * before end
+      local grow = 2
+      if not lineage then grow = 4 end
+      if before and grow * before > base then base = grow * before end
     end
     ban_until, strikes, started = ban(scope, id, ARGV[10], base, tonumber(ARGV[12]),
       tonumber(ARGV[13]), tonumber(ARGV[14]), now, brief and last_answer == 'c', told, brief)
     if started == 1 and outcome == 'ban' then
-      if brief and told == 0 and base > site_rest then  -- the site's rest proved too short
+      if brief and told == 0 and lineage and base > site_rest then  -- the site's rest proved too short
         redis.call('HSET', K_PACE, 'rest', istr(base))
       end
       site_mark(id, last_answer, brief and ban_until - now or nil, learn_keep)
