@@ -234,6 +234,13 @@ class ZooSite:
             self._log.close()
             self._log = None
 
+    async def __aenter__(self) -> ZooSite:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         if task is not None:

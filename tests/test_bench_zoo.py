@@ -141,3 +141,35 @@ def test_zoo_profiles_cover_the_issue():
     jitters = [p.jitter_ms for p in profiles.values()]
     assert min(jitters) == 0 and max(jitters) >= 30
     assert "nginx" in profiles
+
+
+def test_zoo_site_through_jittering_proxies(tmp_path):
+    """End to end in one process (about 0.5 s): the site sees the proxy's IP, logs every arrival with its
+    verdict, states the arrival and interval in headers, and the proxy holds each request 0..J ms."""
+    import asyncio
+    import time
+
+    from demo_http import parse_response, send_raw
+    from zoo_site import ZooSite, read_log
+
+    from scrapy_proxy_shard.demo.forward_proxy import ProxyFleet, ProxySpec, site_hosts
+
+    async def scenario():
+        site = ZooSite(ZooRules(interval=0.05, strikes=1, service="fixed:0.0"), ["a.test"], 30,
+                       log_path=str(tmp_path / "site.log"))
+        async with site, ProxyFleet([ProxySpec("127.0.0.11")], site_hosts(site.port), jitter=0.03) as fleet:
+            delays = []
+            for n in range(1, 9):
+                sent = time.time()
+                request = f"GET http://a.test/catalog/{n} HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n"
+                response = parse_response(await send_raw(fleet.proxies[0].port, request.encode()))
+                assert response.status == 200 and b'class="price"' in response.body
+                assert float(response.headers["x-zoo-interval"]) == 0.05
+                delays.append(float(response.headers["x-zoo-arrival"]) - sent)
+                await asyncio.sleep(0.06)
+            return delays
+
+    delays = asyncio.run(scenario())
+    assert all(0 <= d < 0.03 + 0.02 for d in delays) and max(delays) - min(delays) > 0.003
+    log = read_log(tmp_path / "site.log")
+    assert [(e["ip"], e["verdict"], e["status"]) for e in log] == [("127.0.0.11", "ok", 200)] * 8
