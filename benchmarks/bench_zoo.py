@@ -349,6 +349,23 @@ def diagnose(entries: list[dict], rules: ZooRules) -> dict:
     if rules.tighten_after is not None:
         cut = t0 + rules.tighten_after
         out["early_after_tighten"] = sum(1 for e in entries if e.get("why") == "early" and e["start"] >= cut)
+    end = max(e.get("end", e["start"]) for e in entries)
+    # (IP, group) pairs banned at some point whose last arrival came > 10 s before the end: a quarantine
+    # longer than the ban (the crawl left them out), or a pair the crawl had no more use for.
+    banned_pairs = {(e["ip"], e.get("group")) for e in entries if e.get("verdict") == "ban"}
+    last_seen: dict[tuple[str, Any], float] = {}
+    for e in entries:
+        key = (e["ip"], e.get("group"))
+        last_seen[key] = max(last_seen.get(key, 0.0), e["start"])
+    out["banned_pairs"] = len(banned_pairs)
+    out["banned_pairs_idle_last_10s"] = sum(1 for k in banned_pairs if last_seen[k] < end - 10)
+    out["pairs"] = len(last_seen)
+    # pages served per 10 s of the run: a slow start, a slow tail, a collapse after bans
+    buckets = [0] * (int((end - t0) // 10) + 1)
+    for e in entries:
+        if e.get("status") == 200 and e.get("kind") == "page":
+            buckets[int((e["start"] - t0) // 10)] += 1
+    out["ok_per_10s"] = buckets
     return out
 
 
