@@ -173,3 +173,18 @@ def test_zoo_site_through_jittering_proxies(tmp_path):
     assert all(0 <= d < 0.03 + 0.02 for d in delays) and max(delays) - min(delays) > 0.003
     log = read_log(tmp_path / "site.log")
     assert [(e["ip"], e["verdict"], e["status"]) for e in log] == [("127.0.0.11", "ok", 200)] * 8
+
+
+def test_diagnosis_names_two_slots_arriving_together_and_banned_pairs():
+    import bench_zoo
+
+    def entry(t, ip, verdict="ok", why=None, status=200):
+        return {"start": t, "end": t + 0.05, "ip": ip, "site": "a.test", "group": "a.test", "path": "/catalog/1",
+                "status": status, "kind": "page", "verdict": verdict, "why": why}
+
+    entries = [entry(0.0, "x"), entry(0.004, "x", "early", "early"), entry(0.3, "x", "ban", "early", 429),
+               entry(0.5, "y"), entry(30.0, "y")]
+    d = bench_zoo.diagnose(entries, ZooRules(interval=0.1))
+    assert (d["early_within_20ms"], d["early_gap_ms_min"], d["first_ban_s"]) == (1, 4.0, 0.3)
+    assert (d["pairs"], d["banned_pairs"], d["banned_pairs_idle_last_10s"]) == (2, 1, 1)
+    assert d["ok_per_10s"] == [3, 0, 0, 1]
