@@ -23,6 +23,7 @@ import hmac
 import ipaddress
 import json
 import logging
+import random
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -170,12 +171,18 @@ class ForwardProxy:
         dead: bool = False,
         slow: float = 0.0,
         setup: float = 0.0,
+        jitter: float = 0.0,
         listen_host: str = "127.0.0.1",
         port: int = 0,
         upstream_timeout: float = 30.0,
         idle_timeout: float = 30.0,
     ) -> None:
         self.spec = ProxySpec(source_ip, username, password, dead, slow, setup)
+        if jitter < 0:
+            raise ValueError("jitter must be >= 0")
+        #: Path jitter: each proxied request is held a delay drawn uniformly from [0, jitter] seconds
+        #: before it goes upstream (what the network between a real proxy and a site adds).
+        self.jitter = jitter
         self.hosts = dict(hosts)
         self.listen_host = listen_host
         self.upstream_timeout = upstream_timeout
@@ -304,6 +311,8 @@ class ForwardProxy:
                 status = 407
             else:
                 delay = self.spec.slow + (self.spec.setup if first else 0.0)
+                if self.jitter > 0:
+                    delay += random.uniform(0.0, self.jitter)
                 if delay > 0:
                     await asyncio.sleep(delay)
                 status, response = await self._forward(method, target, head, body, keep_alive)
@@ -479,6 +488,8 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slow-seconds", type=float, default=0.5)
     p.add_argument("--setup-seconds", type=float, default=0.0,
                    help="every proxy holds the first request of each new client connection this long")
+    p.add_argument("--jitter-ms", type=float, default=0.0,
+                   help="path jitter: every proxied request is held uniformly 0..this many ms before it goes upstream")
     return p
 
 
@@ -493,7 +504,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         slow_seconds=args.slow_seconds,
         setup_seconds=args.setup_seconds,
     )
-    fleet = ProxyFleet(specs, site_hosts(args.site_port, args.host_pattern, args.site_host))
+    fleet = ProxyFleet(specs, site_hosts(args.site_port, args.host_pattern, args.site_host),
+                       jitter=args.jitter_ms / 1000.0)
 
     def ready() -> None:
         write_file_atomically(args.proxy_file, "".join(f"{u}\n" for u in fleet.proxy_urls()))
