@@ -61,14 +61,16 @@ class Stack:
         for pid in self.datacenter:
             self.store.unban("datacenter", pid, site=site)
 
-    def crawl(self, name: str, sites: str, *settings: str, pages: int = PAGES) -> tuple[int, dict, str, float]:
+    def crawl(self, name: str, sites: str, *settings: str, pages: int = PAGES,
+              spider_args: tuple[str, ...] = ()) -> tuple[int, dict, str, float]:
         """One `scrapy crawl shop` host: its exit code, stats, log text and duration (s)."""
         stats_file = self.workdir / f"{name}.stats.json"
         env = {**os.environ, "PROXY_SHARD_REDIS_URL": self.server.url, "STATS_DUMP_FILE": str(stats_file)}
         extra = [a for s in ("PROXY_SHARD_PAUSE_HORIZON=3", "CONCURRENT_REQUESTS=16", "LOG_LEVEL=INFO", *settings)
                  for a in ("-s", s)]
         cmd = [sys.executable, "-m", "scrapy", "crawl", "shop", "-a", f"sites={sites}", "-a", f"pages={pages}",
-               "-a", "flows=0", *extra, "--logfile", str(self.workdir / f"{name}.log")]
+               "-a", "flows=0", *(a for arg in spider_args for a in ("-a", arg)),
+               *extra, "--logfile", str(self.workdir / f"{name}.log")]
         started = time.monotonic()
         proc = subprocess.run(cmd, cwd=self.config.project, env=env, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL, timeout=150)

@@ -45,10 +45,13 @@ class ContentChecks:
         self._checks: dict[str, set[str]] = {}  # site -> checks this host found failing there
 
     def checks_here(self, site: str, check: str) -> bool:
-        """``check`` (a breaker's cause) is one this host applies on ``site``: an ordinary breaker wait
-        otherwise (another crawl's wrong check: this one's may be right and the breaker's probe tells)."""
-        if check in self._checks.get(site, ()):
-            return True
+        """``check`` (a breaker's cause) may be one this host applies on ``site``: it found it failing
+        there, or its spider-wide / settings check is that one, or it knows no check of its own there
+        (per-request checks, no answer seen yet). Otherwise (this crawl checks something else there) an
+        ordinary breaker wait: its check may be right, and the breaker's probe tells."""
+        seen = self._checks.get(site)
+        if seen:
+            return check in seen
         spider = getattr(self.runtime.crawler, "spider", None)
         own = getattr(spider, "proxy_shard_required_css", None)
         if own is None:
@@ -57,7 +60,7 @@ class ContentChecks:
             own = getattr(rules, "required_css", None) or policy.required_css
         if isinstance(own, str):
             own = [own]
-        return describe(tuple(own or ())) == check
+        return not own or describe(tuple(own)) == check
 
     async def passed(self, lease: Lease) -> None:
         """A content check passed on the lease's site: record it once per host (then failures are bans)."""
