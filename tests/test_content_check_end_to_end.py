@@ -41,12 +41,14 @@ def test_a_wrong_check_burns_no_proxy_and_closes_the_crawl(tmp_path, redis_serve
         assert {e["ip"] for e in entries} <= stack.egress
         first_run = len(entries)
         assert 3 <= first_run <= 24, first_run  # the first wave only, not the whole catalog x retries
+        print(f"first run: {first_run} requests reached the site from {len({e['ip'] for e in entries})} proxies, "
+              f"0 quarantined; {report}")
 
         # A second host started while the breaker is open: it sends nothing and closes the same way.
         code, stats, log, took = stack.crawl("second", SITE, pages=PAGES, spider_args=(WRONG,))
         report = f"exit {code}, {took:.1f}s, stats {json.dumps(stats, sort_keys=True)}"
         assert code == 1 and stats.get("finish_reason") == "proxy_shard_content_check", report
         assert len([e for e in stack.entries() if e["site"] == SITE]) == first_run
-        print(f"first run: {first_run} requests reached the site; {report}")
+        print(f"second run: {report}")
     finally:
         stack.stop()

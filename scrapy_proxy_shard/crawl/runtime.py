@@ -602,19 +602,20 @@ class ShardRuntime:
         key = (pool, site)
         cached = self._causes.get(key)
         if cached is not None and now - cached[0] < CAUSE_TTL:
-            return cached[1], cached[2]
-        read = getattr(self.store, "breaker", None)
-        cause = check = None
-        if read is not None:
-            try:
-                state = await read(pool, site)
-            except ProxyShardError:
-                state = None
-            if state is not None:
-                cause, check = getattr(state, "cause", None), getattr(state, "check", None)
-        if len(self._causes) >= EXHAUSTED_SITES:
-            self._causes.clear()
-        self._causes[key] = (now, cause, check)
+            _, cause, check = cached
+        else:
+            read = getattr(self.store, "breaker", None)
+            cause = check = None
+            if read is not None:
+                try:
+                    state = await read(pool, site)
+                except ProxyShardError:
+                    state = None
+                if state is not None:
+                    cause, check = getattr(state, "cause", None), getattr(state, "check", None)
+            if len(self._causes) >= EXHAUSTED_SITES:
+                self._causes.clear()
+            self._causes[key] = (now, cause, check)
         if cause == "content" and check and not self.content.checks_here(site, check):
             cause = None  # another crawl's check (this one's differs): an ordinary breaker wait
         return cause, check
