@@ -127,3 +127,38 @@ def test_once_the_check_passed_a_missing_selector_quarantines_as_before():
     bans = [b for b in h.admin.bans("default") if b.scope == SITE]
     assert len(bans) == 1 and bans[0].reason == "missing_css"
     assert not h.stat("content/suspect") and h.stat("bans/reason/missing_css") == 1
+
+
+def test_the_fallback_store_asks_redis_and_its_local_engine_while_redis_is_away():
+    """Hybrid mode: while Redis answers, Redis records the check; while it is away, the local slice's
+    engine does (a suspect check opens the local breaker; nothing is quarantined either way)."""
+    import redis
+    from test_modes import HOSTS, _fallback_store
+
+    from scrapy_proxy_shard.demo.redis_server import RedisServer
+    from scrapy_proxy_shard.engine.store import PoolStore
+
+    server = RedisServer().start()
+    try:
+        PoolStore(redis.Redis.from_url(server.url, decode_responses=True)).add_proxies("default", URLS)
+
+        async def scenario():
+            store = _fallback_store(server.url, HOSTS[0])
+            lease = await store.lease("default", SITE, ttl=30)  # the snapshot, while Redis answers
+            await store.release(lease)
+            online = await store.content_check("default", SITE, "fail", proxy_id=lease.proxy_id, check="x")
+            state = await store.breaker("default", SITE)
+            server.kill()
+            got = await store.lease("default", "b.example", ttl=30)
+            assert store.state == "fallback" and got.proxy_id
+            local = [await store.content_check("default", "b.example", "fail", proxy_id=got.proxy_id, check="y",
+                                               suspects=1)]
+            local_state = await store.breaker("default", "b.example")
+            await store.aclose()
+            return online, state, local, local_state
+
+        online, state, local, local_state = asyncio.run(scenario())
+        assert online.kind == "suspect" and state is None
+        assert local[0].kind == "opened" and local_state.cause == "content"
+    finally:
+        server.stop()
