@@ -580,7 +580,7 @@ class ShardRuntime:
 
     def _outage(self) -> bool:
         """The host leases from its local fallback engine (Redis away): waits there have no known end."""
-        return self.store.fallback_state in ("fallback", "grace")
+        return getattr(self.store, "fallback_state", None) in ("fallback", "grace")
 
     def _is_pause(self, site: str, wait: LeaseWait) -> bool:
         """A firm wait longer than any pacing gap: every proxy of the site is quarantined (or its breaker
