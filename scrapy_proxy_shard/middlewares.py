@@ -30,12 +30,20 @@ from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.misc import build_from_crawler, load_object
 
 from scrapy_proxy_shard.crawl import browser
+from scrapy_proxy_shard.crawl.content import CONTENT_REASONS, describe
 from scrapy_proxy_shard.crawl.handlers import HandlerMap, Route
 from scrapy_proxy_shard.crawl.runtime import STATS, ShardRuntime
 from scrapy_proxy_shard.crawl.startup import StartupGate
 from scrapy_proxy_shard.engine.proxies import mask
 from scrapy_proxy_shard.engine.schema import check_session_id
-from scrapy_proxy_shard.exceptions import InvalidSessionId, ProxyBanned, ProxyShardError, SettingError, UnknownPoolError
+from scrapy_proxy_shard.exceptions import (
+    InvalidSessionId,
+    ProxyBanned,
+    ProxyShardError,
+    RequestKept,
+    SettingError,
+    UnknownPoolError,
+)
 from scrapy_proxy_shard.policy import FINE, Verdict, retry_after_seconds
 from scrapy_proxy_shard.settings import ShardSettings
 
@@ -122,6 +130,20 @@ class ProxyShardMiddleware:
         return cls(_enabled_runtime(crawler), crawler)
 
     async def process_request(self, request: Request, spider: Spider | None = None) -> None:
+        """Lease a proxy for ``request``. A request that ends here without one is never sent: counted
+        in ``proxy_shard/not_sent`` (unless JOBDIR keeps it for the next run, ``RequestKept``); a crawl
+        that finishes with any exits with code 1 (crawl/liveness.py)."""
+        try:
+            return await self._lease(request, spider)
+        except RequestKept:
+            raise
+        except Exception:
+            stats = getattr(self.crawler, "stats", None)
+            if stats is not None:
+                stats.inc_value(f"{STATS}/not_sent")
+            raise
+
+    async def _lease(self, request: Request, spider: Spider | None) -> None:
         meta = request.meta
         if self.runtime is None:
             raise RequestNotLeased("scrapy-proxy-shard could not start (see the 'cannot start' line)")
@@ -212,6 +234,14 @@ class BanDetectionMiddleware:
             return response
         spider = spider or self.crawler.spider
         verdict = self._response_verdict(request, response, spider)
+        if verdict.kind == "ban" and verdict.reason in CONTENT_REASONS:
+            # A check that never passed on the site may be wrong, not the proxy (crawl/content.py).
+            check = self._check_of(request, response, spider)
+            if await self.runtime.content.failed(self.runtime.lease_of(request), check):
+                await self.runtime.finish(request, "unknown", reason=verdict.reason)
+                return self._retry(request, verdict, spider)
+        elif verdict.kind == "fine" and self._required_css(request, spider, response):
+            await self.runtime.content.passed(self.runtime.lease_of(request))
         if verdict.kind in ("ban", "dead"):
             told = None
             if verdict.kind == "ban" and self.runtime.settings.retry_after:
@@ -239,10 +269,34 @@ class BanDetectionMiddleware:
         said = _spider_says(spider, "response_is_ban", request, response)
         if said is not None:
             return Verdict("ban", "spider") if said else FINE
+        return self.policy.response_verdict(request, response, required_css=self._required_override(request, spider))
+
+    @staticmethod
+    def _required_override(request: Request, spider: Any) -> list[str] | None:
+        """Required CSS from meta, else the spider attribute (None: the policy's site rule / setting)."""
         required = request.meta.get("proxy_shard_required_css", getattr(spider, "proxy_shard_required_css", None))
-        if isinstance(required, str):
-            required = [required]
-        return self.policy.response_verdict(request, response, required_css=required)
+        return [required] if isinstance(required, str) else required
+
+    def _required_css(self, request: Request, spider: Any, response: Response) -> tuple[str, ...]:
+        """The selectors the page had to hold (empty: no CSS check applies to it)."""
+        selectors = getattr(self.policy, "required_selectors", None)
+        override = self._required_override(request, spider)
+        if selectors is None:
+            return tuple(override or ())
+        return selectors(request, response, override)
+
+    def _check_of(self, request: Request, response: Response, spider: Any) -> str:
+        """The failing check as logged: the required selectors the page lacks (all of them if unknown)."""
+        required = self._required_css(request, spider, response)
+        missing = []
+        for selector in required:
+            try:
+                if not response.css(selector):
+                    missing.append(selector)
+            except Exception:  # not HTML text, a bad selector: name them all
+                missing = list(required)
+                break
+        return describe(tuple(missing or required))
 
     def _exception_verdict(self, request: Request, exception: Exception, spider: Any) -> Verdict:
         said = _spider_says(spider, "exception_is_ban", request, exception)
@@ -345,6 +399,7 @@ class ProxyShardGuardMiddleware:
         if problem is None:
             return None
         self.crawler.stats.inc_value(f"{STATS}/guard/dropped")
+        self.crawler.stats.inc_value(f"{STATS}/not_sent")
         logger.error("proxy_shard: dropped %(url)s before download: %(problem)s",
                      {"url": request.url, "problem": problem})
         raise RequestNotLeased(f"{request.url}: {problem}")

@@ -269,6 +269,14 @@ class BanPolicy:
             self._record_size(site, size)
         return FINE
 
+    def required_selectors(self, request: Request, response: Response,
+                           required_css: Sequence[str] | None = None) -> tuple[str, ...]:
+        """The selectors a page of ``response`` must hold (as ``response_verdict`` checks them), and of
+        those, the ones it lacks (checked again: for the log line of a suspect content check only)."""
+        site = _site_or_none(response.url or request.url)
+        rules = self.site_rules.get(site, _NO_RULES) if site else _NO_RULES
+        return self._selectors_for(rules, required_css)
+
     def _selectors_for(self, rules: SiteContentRules, override: Sequence[str] | None) -> tuple[str, ...]:
         """Precedence: explicit argument (meta / spider, even empty) → the site's rule → the global."""
         if override is not None:

@@ -72,7 +72,9 @@ DEFAULTS: dict[str, Any] = {
     "PROXY_SHARD_POOL": "default",
     "PROXY_SHARD_HOST_ID": None,  # default "<hostname>:<pid>" (":<n>" added for the n-th crawler of a process)
     "PROXY_SHARD_LEASE_TTL": None,  # default max(60, DOWNLOAD_TIMEOUT + 30) seconds
-    "PROXY_SHARD_MAX_WAIT": 60.0,
+    "PROXY_SHARD_MAX_WAIT": 60.0,  # only waits with no known end (a lost pool, Redis stalled or away)
+    "PROXY_SHARD_PAUSE_HORIZON": 3600.0,  # a site no proxy can serve for longer closes the crawl
+    "PROXY_SHARD_PAUSE_LOG_INTERVAL": 60.0,  # one WARNING per paused (pool, site) this often
     "PROXY_SHARD_SITE_CONCURRENCY": 1,
     "PROXY_SHARD_MIN_INTERVAL": 1.0,  # start-to-start, per IP, site and slot
     "PROXY_SHARD_REST_AFTER_RESPONSE": 0.0,
@@ -134,6 +136,7 @@ DEFAULTS: dict[str, Any] = {
     "PROXY_SHARD_BREAKER_COOLOFF": 30.0,
     "PROXY_SHARD_BREAKER_MAX_COOLOFF": 600.0,
     "PROXY_SHARD_BREAKER_PROBES": 3,
+    "PROXY_SHARD_CONTENT_SUSPECT_PROXIES": 3,  # distinct proxies failing a never-passed content check
     "PROXY_SHARD_PROXY_AWARE_HANDLERS": (),  # download handlers you vouch send requests through meta['proxy']
     "PROXY_SHARD_ALLOW_DIRECT": False,  # meta['proxy_shard'] = False may send a request from this host's IP
 }
@@ -284,6 +287,8 @@ class ShardSettings:
     host_id: str = field(default_factory=lambda: default_host_id())
     lease_ttl: float
     max_wait: float
+    pause_horizon: float
+    pause_log_interval: float
     site_concurrency: int
     min_interval: float
     rest_after_response: float
@@ -332,6 +337,8 @@ class ShardSettings:
     breaker_enabled: bool
     breaker: BreakerOptions
     breakers: Mapping[str, BreakerOptions | None]
+    #: A content check never passed on a site fails for this many distinct proxies: the check is suspect.
+    content_suspect_proxies: int
     #: Download handlers declared to send every request through meta['proxy'] (crawl/handlers.py).
     proxy_aware_handlers: tuple[str, ...]
     #: An explicit opt-out (meta['proxy_shard'] = False) may go out from this host's own IP.
@@ -407,6 +414,8 @@ class ShardSettings:
             host_id=host_id,
             lease_ttl=lease_ttl,
             max_wait=_number(get, "PROXY_SHARD_MAX_WAIT", minimum=0.0, maximum=MAX_WAIT),
+            pause_horizon=_number(get, "PROXY_SHARD_PAUSE_HORIZON", minimum=0.0, maximum=MAX_WAIT * 30),
+            pause_log_interval=_number(get, "PROXY_SHARD_PAUSE_LOG_INTERVAL", minimum=0.1, maximum=MAX_WAIT),
             site_concurrency=concurrency,
             min_interval=min_interval,
             rest_after_response=pacing.rest_after_response,
@@ -449,6 +458,7 @@ class ShardSettings:
             breaker_enabled=_boolean(s, "PROXY_SHARD_BREAKER_ENABLED"),
             breaker=breaker,
             breakers=_site_breakers(site_entries, breaker),
+            content_suspect_proxies=_integer(get, "PROXY_SHARD_CONTENT_SUSPECT_PROXIES", minimum=1, maximum=1000),
             proxy_aware_handlers=_declared_handlers(get("PROXY_SHARD_PROXY_AWARE_HANDLERS")),
             allow_direct=_boolean(s, "PROXY_SHARD_ALLOW_DIRECT"),
         )

@@ -72,7 +72,8 @@ BREAKER_SETTINGS = {"PROXY_SHARD_BREAKER_THRESHOLD": 3, "PROXY_SHARD_BREAKER_MIN
 
 
 def test_a_site_rejecting_everyone_opens_the_breaker_once_and_retries_wait_unbilled(caplog):
-    h = Harness(BREAKER_SETTINGS, proxies=PROXIES)
+    # A cool-off past the pause horizon: the retry is not sent; the crawl would close (no engine here).
+    h = Harness({**BREAKER_SETTINGS, "PROXY_SHARD_PAUSE_HORIZON": 5}, proxies=PROXIES)
 
     async def scenario():
         await h.open()

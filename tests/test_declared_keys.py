@@ -134,6 +134,12 @@ def _cycle(url: str) -> None:
     for _ in range(2):
         store.release(store.lease(POOL, "b.example", ttl=5), outcome="ban", reason="http_403", ban_ttl=1)
     assert isinstance(store.lease(POOL, "b.example", ttl=5), LeaseWait)
+    # a content check: suspect failures open a site's breaker (cause content); a pass, then trusted
+    ids = [store.lease(POOL, "g.example", ttl=5).proxy_id for _ in range(2)]
+    for pid in ids:
+        store.content_check(POOL, "g.example", "fail", proxy_id=pid, check="'div.x'", suspects=2)
+    store.content_check(POOL, "h.example", "pass")
+    store.content_check(POOL, "h.example", "fail", proxy_id=ids[0], check="'div.x'")
     # sticky sessions: a use, its release, a rebind after a ban, the end
     sticky = store.lease(POOL, "c.example", ttl=5, session_id="s 1", session_ttl=60)
     store.release(sticky, min_interval=0, session_ttl=60)

@@ -133,82 +133,118 @@ class _Stats:
     def set_value(self, key, value):
         self.values[key] = value
 
+    def get_value(self, key, default=None):
+        return self.values.get(key, default)
 
-def test_liveness_raises_only_for_a_firm_wait_past_the_deadline():
+
+def test_liveness_parks_only_a_firm_wait_past_the_horizon_and_raises_when_nothing_else_is_served():
     async def go():
-        live = Liveness(object(), _Stats(), 3.0, lambda: 0)
-        now = asyncio.get_running_loop().time()
-        live.check(POOL, SITE, LeaseWait(600.0, "held"), now + 3)  # busy: a release may come
-        live.check(POOL, SITE, LeaseWait(600.0, "pool"), now + 3)  # not firm
-        live.check(POOL, SITE, LeaseWait(1.0, "pool", True), now + 3)  # firm, within the limit
-        with pytest.raises(PoolExhausted) as info:
-            live.check(POOL, SITE, LeaseWait(600.0, "pool", True), now + 3)
+        held = [1]
+        live = Liveness(object(), _Stats(), 3.0, lambda: len(held), horizon=3.0)
+        live.enter(POOL, SITE)
+        assert not live.check(POOL, SITE, LeaseWait(600.0, "held"))  # busy: a release may come
+        assert not live.check(POOL, SITE, LeaseWait(600.0, "pool"))  # not firm
+        assert not live.check(POOL, SITE, LeaseWait(1.0, "pool", True))  # firm, within the horizon: wait
+        assert live.check(POOL, SITE, LeaseWait(600.0, "pool", True))  # past it, a lease in flight: park
+        held.clear()
+        with pytest.raises(PoolExhausted) as info:  # past it, nothing else served: the crawl closes
+            live.check(POOL, SITE, LeaseWait(600.0, "pool", True))
         return info.value
 
     exc = asyncio.run(go())
     assert isinstance(exc, NoProxyAvailable) and exc.pool == POOL and exc.site == SITE and exc.reason == "pool"
-    assert "cannot serve site 'a.example' before" in str(exc) and "PROXY_SHARD_MAX_WAIT 3s" in str(exc)
+    assert "cannot serve site 'a.example' before" in str(exc) and "PROXY_SHARD_PAUSE_HORIZON 3s" in str(exc)
 
 
-def test_an_exhausted_site_closes_the_crawl_only_when_this_host_serves_nothing_else():
-    """Another site in flight or waiting for a busy slot keeps the crawl going (its requests fail
-    fast, counted); once nothing else is served, the next exhausted failure closes the crawl."""
+def test_a_site_past_the_horizon_closes_the_crawl_only_when_this_host_serves_nothing_else():
+    """Another site in flight or waiting for a busy slot keeps the crawl going (the requests past the
+    horizon park: none is dropped); once nothing else is served, the next check closes the crawl."""
     class Request:
         url = "http://a.example/1"
 
     async def go():
         held = [1]
         stats = _Stats()
-        live = Liveness(object(), stats, 3.0, lambda: len(held))
-        now = asyncio.get_running_loop().time()
+        live = Liveness(object(), stats, 3.0, lambda: len(held), horizon=3.0)
 
-        def fail():
+        def ask():
             try:
-                live.check(POOL, SITE, LeaseWait(600.0, "pool", True), now + 3)
+                return live.check(POOL, SITE, LeaseWait(600.0, "pool", True))
             except PoolExhausted as exc:
                 return live.failed(Request(), exc)
-            raise AssertionError("no PoolExhausted")
 
         live.enter(POOL, SITE)
-        assert isinstance(fail(), PoolExhausted) and not live.closing  # a lease of this host is in flight
+        assert ask() is True and not live.closing  # a lease of this host is in flight: parked
         held.clear()
         live.enter(POOL, "b.example")  # a request waits for a busy slot of another site
-        assert isinstance(fail(), PoolExhausted) and not live.closing
+        assert ask() is True and not live.closing
         live.leave(POOL, "b.example")
         live.leased(POOL, "b.example")  # ... and got it a moment ago: its site is still being crawled
-        assert isinstance(fail(), PoolExhausted) and not live.closing
+        assert ask() is True and not live.closing
         live._last_lease -= 2.0
-        assert isinstance(fail(), PoolExhausted) and live.closing  # nothing else served: close (no engine here)
+        assert isinstance(ask(), PoolExhausted) and live.closing  # nothing else served: close (no engine here)
         return stats.values
 
     values = asyncio.run(go())
-    assert values["proxy_shard/exhausted"] == 4 and values["proxy_shard/exhausted/closed"] == f"{POOL}/{SITE}"
+    assert values["proxy_shard/exhausted"] == 1 and values["proxy_shard/exhausted/closed"] == f"{POOL}/{SITE}"
 
 
 def test_a_pool_exhausted_right_after_its_last_lease_still_closes_the_crawl():
-    """Every proxy dead: each is leased, refused and quarantined within one second, so the requests
-    that fail then found a lease granted under QUIET ago. Before: they all failed, no close, exit 0.
-    Now the failure waits out the rest of QUIET, and the crawl closes."""
-    class Request:
-        url = "http://a.example/1"
-
+    """Every proxy dead: each is leased, refused and quarantined within one second. The requests park
+    while a lease granted under QUIET ago may still mean the site is served, then the crawl closes."""
     async def go():
         stats = _Stats()
-        live = Liveness(object(), stats, 3.0, lambda: 0)
+        live = Liveness(object(), stats, 3.0, lambda: 0, horizon=3.0)
         live.leased(POOL, SITE)  # the last dead proxy was leased just now
         live.enter(POOL, SITE)
-        now = asyncio.get_running_loop().time()
-        try:
-            live.check(POOL, SITE, LeaseWait(600.0, "pool", True), now + 3)
-        except PoolExhausted as exc:
-            started = asyncio.get_running_loop().time()
-            result = await live.settle(Request(), exc)
-            return result, asyncio.get_running_loop().time() - started, live.closing
-        raise AssertionError("no PoolExhausted")
+        assert live.check(POOL, SITE, LeaseWait(600.0, "pool", True))
+        await asyncio.sleep(1.05)
+        with pytest.raises(PoolExhausted):
+            live.check(POOL, SITE, LeaseWait(600.0, "pool", True))
 
-    result, waited, closing = asyncio.run(go())
-    assert isinstance(result, PoolExhausted) and closing
-    assert 0.5 < waited <= 1.2  # the rest of QUIET, not MAX_WAIT
+    asyncio.run(go())
+
+
+def test_a_pause_logs_one_warning_per_interval_and_one_info_when_serving_resumes(caplog):
+    async def go():
+        stats = _Stats()
+        live = Liveness(object(), stats, 3.0, lambda: 0, horizon=3600.0, log_interval=0.2)
+        for _ in range(12):
+            live.enter(POOL, SITE)
+        wait = LeaseWait(1800.0, "pool", True)
+        assert not live.check(POOL, SITE, wait)  # within the horizon: the requests wait
+        for _ in range(3):
+            if live.pause_due(POOL, SITE):
+                live.paused(POOL, SITE, wait, "all 18 proxies quarantined (rate_limit x18)")
+        await asyncio.sleep(0.25)
+        assert live.pause_due(POOL, SITE)
+        live.paused(POOL, SITE, wait, "all 18 proxies quarantined (rate_limit x18)")
+        live.leased(POOL, SITE)
+        return stats.values
+
+    with caplog.at_level("INFO", logger="scrapy_proxy_shard.crawl.liveness"):
+        values = asyncio.run(go())
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    infos = [r.getMessage() for r in caplog.records if r.levelname == "INFO"]
+    assert len(warnings) == 2, warnings
+    assert warnings[0].startswith("proxy_shard: 12 requests for a.example (pool 'main') wait: all 18 proxies "
+                                  "quarantined (rate_limit x18) until ") and "next line in 0.2 s" in warnings[0]
+    assert len(infos) == 1 and "serving a.example (pool 'main') again after" in infos[0]
+    assert values["proxy_shard/pauses"] == 1 and 0.2 < values["proxy_shard/paused_seconds"] < 1.0
+
+
+def test_a_crawl_finished_with_requests_not_sent_exits_1():
+    class Crawler:
+        spider = object()
+
+    stats = _Stats()
+    crawler = Crawler()
+    live = Liveness(crawler, stats, 3.0, lambda: 0)
+    live.spider_closed("finished")
+    assert crawler.spider is not None  # nothing lost: exit 0
+    stats.inc_value("proxy_shard/not_sent")
+    live.spider_closed("finished")
+    assert crawler.spider is None  # the runners count a crawler without a spider as failed
 
 
 def test_a_kept_browser_request_carries_no_credential_to_jobdir():

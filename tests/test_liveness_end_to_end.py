@@ -1,6 +1,6 @@
 """Liveness in a real crawl: `scrapy crawl shop` against the demo site through local forward proxies and
 a real redis-server, with every proxy of the pool quarantined on the crawled site for ten minutes,
-far past PROXY_SHARD_MAX_WAIT (3 s). Before, each of the 300 requests waited out its 3 s (16 at a
+far past PROXY_SHARD_PAUSE_HORIZON (3 s). Before, each of the 300 requests waited out its 3 s (16 at a
 time: ~57 s) and then failed, lost. Now the crawl ends in seconds with reason proxy_pool_exhausted
 and one ERROR line, no request reaches the site (from the proxies or from the host's own address),
 and with JOBDIR the next run, once the quarantines are lifted, sends every page. What reached the site
@@ -61,14 +61,16 @@ class Stack:
         for pid in self.datacenter:
             self.store.unban("datacenter", pid, site=site)
 
-    def crawl(self, name: str, sites: str, *settings: str) -> tuple[int, dict, str, float]:
+    def crawl(self, name: str, sites: str, *settings: str, pages: int = PAGES,
+              spider_args: tuple[str, ...] = ()) -> tuple[int, dict, str, float]:
         """One `scrapy crawl shop` host: its exit code, stats, log text and duration (s)."""
         stats_file = self.workdir / f"{name}.stats.json"
         env = {**os.environ, "PROXY_SHARD_REDIS_URL": self.server.url, "STATS_DUMP_FILE": str(stats_file)}
-        extra = [a for s in ("PROXY_SHARD_MAX_WAIT=3", "CONCURRENT_REQUESTS=16", "LOG_LEVEL=INFO", *settings)
+        extra = [a for s in ("PROXY_SHARD_PAUSE_HORIZON=3", "CONCURRENT_REQUESTS=16", "LOG_LEVEL=INFO", *settings)
                  for a in ("-s", s)]
-        cmd = [sys.executable, "-m", "scrapy", "crawl", "shop", "-a", f"sites={sites}", "-a", f"pages={PAGES}",
-               "-a", "flows=0", *extra, "--logfile", str(self.workdir / f"{name}.log")]
+        cmd = [sys.executable, "-m", "scrapy", "crawl", "shop", "-a", f"sites={sites}", "-a", f"pages={pages}",
+               "-a", "flows=0", *(a for arg in spider_args for a in ("-a", arg)),
+               *extra, "--logfile", str(self.workdir / f"{name}.log")]
         started = time.monotonic()
         proc = subprocess.run(cmd, cwd=self.config.project, env=env, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL, timeout=150)
@@ -99,14 +101,14 @@ def test_an_exhausted_pool_ends_the_crawl_at_once_and_jobdir_keeps_its_requests(
         lines = [line for line in log.splitlines() if LINE in line]
         assert len(lines) == 1 and "ERROR" in lines[0], lines
         assert f"cannot serve site '{SITE}' before" in lines[0] and "kept in JOBDIR" in lines[0], lines
-        assert "unban" in lines[0] and "PROXY_SHARD_MAX_WAIT" in lines[0], lines
+        assert "unban" in lines[0] and "PROXY_SHARD_PAUSE_HORIZON" in lines[0], lines
         assert stats.get("proxy_shard/exhausted", 0) >= 1, report
         assert stats.get("proxy_shard/exhausted/kept", 0) >= 1, report
         assert stats.get("proxy_shard/leases", 0) == 0, report
         assert stack.entries() == []  # nothing reached the site: not through a proxy, not directly
 
         stack.unban(SITE)
-        code, stats, log, took = stack.crawl("second", SITE, jobdir, "PROXY_SHARD_MAX_WAIT=30")
+        code, stats, log, took = stack.crawl("second", SITE, jobdir, "PROXY_SHARD_PAUSE_HORIZON=30")
         report = f"exit {code}, {took:.1f}s, stats {json.dumps(stats, sort_keys=True)}"
         assert code == 0 and stats.get("finish_reason") == "finished", report
         entries = stack.entries()
@@ -115,5 +117,33 @@ def test_an_exhausted_pool_ends_the_crawl_at_once_and_jobdir_keeps_its_requests(
         # Every page, the kept requests included (the first run's dupe filter saw them: without the
         # keep, the resumed run would drop them as duplicates and never send them).
         assert pages == {f"/catalog/{n}" for n in range(1, PAGES + 1)}, f"{PAGES - len(pages)} pages missing; {report}"
+    finally:
+        stack.stop()
+
+
+def test_a_pool_quarantined_for_a_while_pauses_the_crawl_and_loses_nothing(tmp_path, redis_server_env):
+    """Every proxy quarantined on the site for 8 s (within the pause horizon), MAX_WAIT 1 s: before,
+    every request failed after 1 s and its item was lost. Now the crawl pauses (one WARNING line per
+    PAUSE_LOG_INTERVAL saying how many requests wait, until when and why), resumes (one INFO line),
+    fetches every page and exits 0."""
+    pages = 40
+    stack = Stack(tmp_path, (SITE,))
+    try:
+        stack.quarantine(SITE, 8)
+        code, stats, log, took = stack.crawl("paused", SITE, "PROXY_SHARD_MAX_WAIT=1", "PROXY_SHARD_PAUSE_HORIZON=60",
+                                             "PROXY_SHARD_PAUSE_LOG_INTERVAL=3", "PROXY_SHARD_MIN_INTERVAL=0.2",
+                                             pages=pages)
+        report = f"exit {code}, {took:.1f}s, stats {json.dumps(stats, sort_keys=True)}"
+        assert code == 0 and stats.get("finish_reason") == "finished", report
+        assert not stats.get("proxy_shard/not_sent") and not stats.get("proxy_shard/wait/gave_up"), report
+        assert stats.get("proxy_shard/pauses") == 1 and 4 < stats.get("proxy_shard/paused_seconds", 0) < 12, report
+        waits = [line for line in log.splitlines() if f"for {SITE} (pool 'datacenter') wait" in line]
+        assert 2 <= len(waits) <= 4 and all("WARNING" in w for w in waits), waits
+        assert "quarantined (manual x" in waits[0] and "next line in 3 s" in waits[0], waits
+        resumed = [line for line in log.splitlines() if f"serving {SITE} (pool 'datacenter') again after" in line]
+        assert len(resumed) == 1 and "INFO" in resumed[0], resumed
+        entries = stack.entries()
+        got = {e["path"] for e in entries if e["site"] == SITE and e.get("kind") == "page" and e["status"] == 200}
+        assert got == {f"/catalog/{n}" for n in range(1, pages + 1)}, f"{pages - len(got)} pages missing; {report}"
     finally:
         stack.stop()

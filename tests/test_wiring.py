@@ -145,8 +145,8 @@ def crawl(project: Path, world: World, spider: str = "pages", *args: str) -> sub
     return subprocess.run(cmd, cwd=project, env=env, capture_output=True, text=True, timeout=90)
 
 
-def assert_all_pages_through_proxies(proc: subprocess.CompletedProcess, world: World) -> None:
-    assert proc.returncode == 0, proc.stderr[-3000:]
+def assert_all_pages_through_proxies(proc: subprocess.CompletedProcess, world: World, exit_code: int = 0) -> None:
+    assert proc.returncode == exit_code, proc.stderr[-3000:]
     assert set(world.ips()) <= set(PROXY_IPS), f"the site saw {world.ips()} (127.0.0.1 = the host's own IP)"
     ok = [e for e in world.site.entries if e["status"] == 200]
     assert len(ok) == PAGES, proc.stderr[-3000:]
@@ -159,7 +159,9 @@ PROJECT_MIDDLEWARES = "DOWNLOADER_MIDDLEWARES = {'proj.middlewares.ProjDownloade
 def test_addon_works_with_a_project_downloader_middlewares(tmp_path, world):
     project = make_project(tmp_path, world, PROJECT_MIDDLEWARES + ADDON)
     proc = crawl(project, world, "pages", "-a", "ghost=1")
-    assert_all_pages_through_proxies(proc, world)
+    # the ghost request was not sent: the crawl did not finish its work, exit code 1 (stat not_sent)
+    assert_all_pages_through_proxies(proc, world, exit_code=1)
+    assert "'proxy_shard/not_sent': 1" in proc.stderr and "finished with 1 request not sent" in proc.stderr
     # Item 10: one line says which engine runs, where (masked) and with which pools.
     engine = [line for line in proc.stderr.splitlines() if "proxy_shard: engine " in line]
     assert len(engine) == 1 and f"redis at {world.redis_url}" in engine[0] and "'default' (2 proxies)" in engine[0]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from scrapy.utils.httpobj import urlparse_cached
 
 from scrapy_proxy_shard import signals as shard_signals
 from scrapy_proxy_shard.crawl.arrival import ArrivalGuard
+from scrapy_proxy_shard.crawl.content import ContentChecks
 from scrapy_proxy_shard.crawl.health import HostMonitor
 from scrapy_proxy_shard.crawl.liveness import Liveness, close_spider_soon
 from scrapy_proxy_shard.crawl.logstats import INTERVAL_STAT, MARGIN_STAT
@@ -53,6 +55,8 @@ LEASE_MARGIN = 2.0
 MIN_PAUSE = 0.05
 #: ... when the engine said exactly when a slot frees (pacing): slept that long, but at least this.
 PACING_PAUSE = 0.005
+#: How long a site's breaker cause read from the store is trusted (seconds).
+CAUSE_TTL = 5.0
 #: How often a waiting request checks whether the crawl is stopping (seconds).
 STOP_POLL = 0.2
 #: Pause before a request asks again after the store gave up waiting out BUSY / LOADING (seconds).
@@ -150,7 +154,11 @@ class ShardRuntime:
         self._exhausted: set[tuple[str, str]] = set()  # (pool, site) whose last ask here got a wait
         self._monitor: HostMonitor | None = None  # heartbeats + pool log line (health.py)
         #: Fails a request at once when no proxy can serve its site in time; closes an exhausted crawl.
-        self.liveness = Liveness(crawler, self.stats, settings.max_wait, lambda: len(self._held))
+        self.liveness = Liveness(crawler, self.stats, settings.max_wait, lambda: len(self._held),
+                                 horizon=settings.pause_horizon, log_interval=settings.pause_log_interval)
+        self._causes: dict[tuple[str, str], tuple[float, str | None, str | None]] = {}  # breaker cause cache
+        #: Content checks that never passed on a site: suspect, not bans (content.py).
+        self.content = ContentChecks(self)
         self.open_error: ProxyShardError | None = None
         self.host_id_lost = False  # another process took this crawl's host id over (host_id_taken)
         self._taken_closer: asyncio.Future | None = None
@@ -416,10 +424,12 @@ class ShardRuntime:
     async def acquire(self, request: Request, pool: str, site: str, session_id: str | None) -> Lease:
         """Lease a slot for ``request``, waiting as long as the engine says.
 
-        The wait is bounded by ``PROXY_SHARD_MAX_WAIT`` from the moment the request first asked,
-        time spent queued behind other requests of the site (the gate) included, and it ends at once
-        when the crawl stops (the request fails; it is never sent without a proxy). A wait that cannot
-        end in a lease before that limit fails at once (``PoolExhausted``, see liveness.py).
+        A wait the pool will end (slots in use, pacing, quarantines, an open breaker) lasts as long as
+        it takes, within ``PROXY_SHARD_PAUSE_HORIZON`` (see liveness.py: a site no proxy can serve
+        within the horizon parks its requests, and closes the crawl when nothing else is served). A
+        wait with no known end (a pool Redis lost, Redis stalled, the host on its local fallback) is
+        bounded by ``PROXY_SHARD_MAX_WAIT`` from the moment the request first asked. Any wait ends at
+        once when the crawl stops (the request fails; it is never sent without a proxy).
         """
         loop = asyncio.get_running_loop()
         asked = loop.time()
@@ -442,7 +452,7 @@ class ShardRuntime:
                 if self._gate.idle(key):
                     await gate.__aenter__()  # uncontended: taken at once, even with PROXY_SHARD_MAX_WAIT = 0
                 else:
-                    await self._until(gate.__aenter__(), deadline, pool, site, release=gate.__aexit__)
+                    await self._until(gate.__aenter__(), None, pool, site, release=gate.__aexit__)
                 try:
                     result = await self._lease_loop(pool, site, session_id, ttl, deadline)
                 finally:
@@ -544,14 +554,20 @@ class ShardRuntime:
                 return result
             if session_id is None:
                 self._note_exhausted(pool, site)
-            try:
-                self.liveness.check(pool, site, result, deadline)  # no slot can free in time: fail at once
-            except PoolExhausted:
-                self.stats.inc_value(f"{STATS}/wait/gave_up")
-                if result.reason == "breaker":
-                    self.stats.inc_value(f"{STATS}/breaker/waits")  # held back by an open breaker
-                raise
-            if loop.time() >= deadline:
+            outage = self._outage()
+            until: float | None = deadline if outage else None
+            if not outage:
+                cause, check = await self._breaker_cause(pool, site, result)
+                try:  # past the horizon: park, or close the crawl when nothing else is served
+                    self.liveness.check(pool, site, result, cause=cause, check=check)
+                except PoolExhausted:
+                    self.stats.inc_value(f"{STATS}/wait/gave_up")
+                    if result.reason == "breaker" and breaker_waits == 0:
+                        self.stats.inc_value(f"{STATS}/breaker/waits")  # held back by an open breaker
+                    raise
+                if self._is_pause(site, result) and self.liveness.pause_due(pool, site):
+                    self.liveness.paused(pool, site, result, await self._pause_why(pool, site, result, cause, check))
+            elif loop.time() >= deadline:
                 self.stats.inc_value(f"{STATS}/wait/gave_up")
                 raise NoProxyAvailable(
                     f"no proxy of pool {pool!r} became free for site {site!r} within "
@@ -564,15 +580,84 @@ class ShardRuntime:
                 self.stats.inc_value(f"{STATS}/breaker/waits")  # requests held back by an open breaker
                 breaker_waits += 1
             try:
-                exact = await self._until(self._wait(pool, site, result, deadline - loop.time()), deadline, pool,
-                                          site)
+                remaining = float("inf") if until is None else until - loop.time()
+                exact = await self._until(self._wait(pool, site, result, remaining), until, pool, site)
             except NoProxyAvailable as exc:
                 if result.reason != "breaker" or self._crawl_stopping():
                     raise
                 raise NoProxyAvailable(f"{exc}{_breaker_note(result)}") from None
             rest = (PACING_PAUSE if exact else MIN_PAUSE / 5) - (loop.time() - started)
             if rest > 0:  # a wake-up that came at once (a stale freed entry): still not a busy loop
-                await self._until(asyncio.sleep(rest), deadline, pool, site)
+                await self._until(asyncio.sleep(rest), until, pool, site)
+
+    def _outage(self) -> bool:
+        """The host leases from its local fallback engine (Redis away): waits there have no known end."""
+        return getattr(self.store, "fallback_state", None) in ("fallback", "grace")
+
+    def _is_pause(self, site: str, wait: LeaseWait) -> bool:
+        """A firm wait longer than any pacing gap: every proxy of the site is quarantined (or its breaker
+        is open) and none is in use: the site is paused, not paced."""
+        if not wait.firm:
+            return False
+        if wait.reason == "breaker":
+            return True
+        o = self.options_of(site)
+        raised = 1.5 if o.autothrottle is not None and o.autothrottle.enabled else 1.0
+        return wait.reason == "pool" and wait.wait > max(1.0, o.longest_gap(self.interval_of(site), raised))
+
+    async def _breaker_cause(self, pool: str, site: str, wait: LeaseWait) -> tuple[str | None, str | None]:
+        """For a firm breaker wait: why the site's breaker is open (``content``: a content check that
+        never passed there, and which check), read from the store at most every CAUSE_TTL seconds."""
+        if wait.reason != "breaker" or not wait.firm:
+            return None, None
+        now = asyncio.get_running_loop().time()
+        key = (pool, site)
+        cached = self._causes.get(key)
+        if cached is not None and now - cached[0] < CAUSE_TTL:
+            _, cause, check = cached
+        else:
+            read = getattr(self.store, "breaker", None)
+            cause = check = None
+            if read is not None:
+                try:
+                    state = await read(pool, site)
+                except ProxyShardError:
+                    state = None
+                if state is not None:
+                    cause, check = getattr(state, "cause", None), getattr(state, "check", None)
+            if len(self._causes) >= EXHAUSTED_SITES:
+                self._causes.clear()
+            self._causes[key] = (now, cause, check)
+        if cause == "content" and check and not self.content.checks_here(site, check):
+            cause = None  # another crawl's check (this one's differs): an ordinary breaker wait
+        return cause, check
+
+    async def _pause_why(self, pool: str, site: str, wait: LeaseWait, cause: str | None,
+                         check: str | None) -> str:
+        """Why (pool, site) is paused, for its WARNING line: the breaker, or the quarantines there."""
+        if wait.reason == "breaker":
+            if cause == "content":
+                return (f"the content check {check} failed for every proxy and never passed there "
+                        f"(circuit breaker open, cause content)")
+            return "the site's circuit breaker is open (the site rejected every proxy lately)"
+        store = getattr(self.store, "primary", self.store)  # the fallback store reads from Redis
+        try:
+            bans = await store.bans(pool)
+            size = await store.pool_size(pool)
+        except (AttributeError, ProxyShardError):
+            return "every proxy is quarantined or resting there and none is in use"
+        now = time.time()
+        reasons: dict[str, int] = {}
+        for ban in bans:
+            if ban.scope in (site, "*") and ban.until > now:
+                reasons[ban.reason] = reasons.get(ban.reason, 0) + 1
+        quarantined = sum(reasons.values())
+        if not quarantined:
+            return f"all {size} proxies resting there (pacing) and none in use"
+        why = ", ".join(f"{r} x{n}" for r, n in sorted(reasons.items(), key=lambda x: -x[1]))
+        if quarantined >= size:
+            return f"all {size} proxies quarantined ({why})"
+        return f"{quarantined} of {size} proxies quarantined ({why}), the others resting"
 
     def _lease_ttl(self, request: Request) -> float:
         """The lease must outlive the download (Scrapy cancels it after ``download_timeout``).
@@ -692,16 +777,17 @@ class ShardRuntime:
                 f"for a free proxy (never sent without one)"
             )
 
-    async def _until(self, awaitable: Any, deadline: float, pool: str, site: str,
+    async def _until(self, awaitable: Any, deadline: float | None, pool: str, site: str,
                      release: Callable[..., Any] | None = None) -> Any:
         """Await ``awaitable`` (a wait, never a lease call: a lease cut off mid-flight would be lost)
-        until ``deadline`` or a stop of the crawl, whichever comes first."""
+        until ``deadline`` (None: none) or a stop of the crawl, whichever comes first."""
         loop = asyncio.get_running_loop()
         task = asyncio.ensure_future(awaitable)
         self._waiters += 1
         stop = asyncio.ensure_future(self._stopping_event().wait())
         try:
-            done, _ = await asyncio.wait({task, stop}, timeout=max(0.0, deadline - loop.time()),
+            timeout = None if deadline is None else max(0.0, deadline - loop.time())
+            done, _ = await asyncio.wait({task, stop}, timeout=timeout,
                                          return_when=asyncio.FIRST_COMPLETED)
         finally:
             self._waiters -= 1

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["BreakerEvent", "BreakerOptions", "BreakerState"]
+__all__ = ["BreakerEvent", "BreakerOptions", "BreakerState", "ContentVerdict"]
 
 
 @dataclass(frozen=True)
@@ -72,3 +72,27 @@ class BreakerState:
     probing: bool  # half-open: a probe is in flight
     since: float  # when this episode began (the first opening)
     trips: int  # openings in this episode (1 + re-openings)
+    cause: str | None = None  # "content": opened by a content check that never passed (content.lua)
+    check: str | None = None  # ... that check, as logged
+
+
+@dataclass(frozen=True)
+class ContentVerdict:
+    """What a content check's answer means on its site (``PoolStore.content_check``, content.lua).
+
+    ``kind``: ``passed`` (recorded; ``first``: the check passed there for the first time), ``trusted``
+    (the check passed there before: a failure is a ban as usual), ``suspect`` (never passed there:
+    no quarantine; ``proxies`` of ``needed`` distinct proxies failed so far), ``opened`` (this failure
+    opened the site's breaker with cause ``content`` for ``cooloff`` seconds) or ``open`` (never
+    passed, and the breaker is open already)."""
+
+    kind: str
+    first: bool = False
+    proxies: int = 0
+    needed: int = 0
+    cooloff: float = 0.0
+
+    @property
+    def suspect(self) -> bool:
+        """The failure quarantines nobody: the check, not the proxy, may be wrong."""
+        return self.kind in ("suspect", "opened", "open")

@@ -28,7 +28,7 @@ LEASE_MEMO = "lease_memo"
 POOL_ROLES = frozenset({s.PROXIES, s.TAGS, s.ORDER, s.SITEIDX, s.BANS, s.BANIDX, s.PSTATS, s.HSTATS, s.SSTATS,
                         s.COUNTERS, s.META, s.HOSTS, s.HOSTINFO, s.LOAD})
 #: Keys of the call's site, named ``<prefix>:<role>:<site>``.
-SITE_ROLES = frozenset({s.SITE, s.READY, s.WAITING, s.FREED, s.BREAKER, s.BREAKER_SEEN, s.PACE})
+SITE_ROLES = frozenset({s.SITE, s.READY, s.WAITING, s.FREED, s.BREAKER, s.BREAKER_SEEN, s.PACE, s.CONTENT})
 
 #: KEYS of every script with a fixed key list, in order.
 ROLES: dict[str, tuple[str, ...]] = {
@@ -49,6 +49,7 @@ ROLES: dict[str, tuple[str, ...]] = {
     "hosts": (s.HOSTS, s.HOSTINFO, s.LOAD, s.HSTATS),
     "host_list": (s.HOSTS, s.HOSTINFO),
     "pool_status": (s.BANS, s.SITE, s.READY),
+    "content": (s.PROXIES, s.SSTATS, s.BREAKER, s.CONTENT),
 }
 #: Scripts whose KEYS depend on data (built by ``sites_keys``, ``session_keys``, ``migrate_*_keys``).
 VARIABLE = ("sites", "sessions", "migrate")

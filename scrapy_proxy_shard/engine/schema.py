@@ -43,9 +43,10 @@ META = "meta"            # HASH created=ms (the pool was loaded once), seq, layo
 BREAKER = "breaker"      # HASH per site: the site's circuit breaker (no key: closed)
 BREAKER_SEEN = "brkseen"  # ZSET per site: quarantines started since the site's last ok (breaker evidence)
 PACE = "pace"            # HASH per site: the learned interval of adaptive pacing (fields PACE_FIELDS)
+CONTENT = "content"      # HASH per site: whether a content check ever passed there (content.lua)
 KEY_SUFFIXES = (PROXIES, TAGS, ORDER, SITE, SITEIDX, READY, SESSION, BANS, BANIDX, PSTATS, HSTATS, SSTATS,
                 COUNTERS, WAITING, FREED, HOSTS, HOSTINFO, LOAD, DONE, META, BREAKER, BREAKER_SEEN,
-                PACE)
+                PACE, CONTENT)
 #: Keys of the layout before sites learnt proxies lazily (read only by the in-place migration,
 #: ``PoolStore.migrate``: P:sites is the hash site -> slots per proxy, P:sitebuild is deleted).
 LEGACY_SITES = "sites"

@@ -48,6 +48,7 @@ OPERATIONS = (
     "hold",
     "lift",
     "abandon",
+    "content",
     "sites",
     "sessions",
     "migrate",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from scrapy_proxy_shard.engine import keyset
 from scrapy_proxy_shard.engine import schema as keys
-from scrapy_proxy_shard.engine.breaker import BreakerEvent, BreakerOptions, BreakerState
+from scrapy_proxy_shard.engine.breaker import BreakerEvent, BreakerOptions, BreakerState, ContentVerdict
 from scrapy_proxy_shard.engine.pacing import AutothrottleOptions
 from scrapy_proxy_shard.engine.records import Lease, LeaseWait, ReleaseResult
 from scrapy_proxy_shard.engine.store_admin import MIGRATE_WARMUP
@@ -227,7 +227,28 @@ class _Leasing:
             return None
         n = {k: int(v) if str(v).lstrip("-").isdigit() else 0 for k, v in raw.items()}
         return BreakerState(site, raw["st"], n.get("until", 0) / 1000, n.get("cool", 0) / 1000, n.get("used", 0),
-                            n.get("probes", 0), bool(raw.get("ptok")), n.get("since", 0) / 1000, n.get("trips", 0))
+                            n.get("probes", 0), bool(raw.get("ptok")), n.get("since", 0) / 1000, n.get("trips", 0),
+                            raw.get("cause") or None, raw.get("chk") or None)
+
+    def content_check(self, pool: str, site: str, verdict: str, *, proxy_id: str = "", check: str = "",
+                      suspects: int = 3):
+        """Record what a content check said on ``site`` (``verdict`` ``pass`` or ``fail``, through
+        ``proxy_id``) and learn whether its failure is a ban (``ContentVerdict``, see content.lua): a
+        check that never passed there and failed for ``suspects`` distinct proxies opens the site's
+        breaker with cause ``content``."""
+        return self._drive(self._content_check(pool, site, verdict, proxy_id, check, suspects))
+
+    def _content_check(self, pool, site, verdict, proxy_id, check, suspects) -> Plan:
+        options = self.breaker_options(site) or BreakerOptions()
+        reply = yield _Script("content", keyset.script_keys("content", self.prefix(pool), site), (
+            site, verdict, proxy_id, check, int(suspects), options.packed()))
+        kind = reply[0].lower()
+        n = [int(x) for x in reply[1:]]
+        if kind == "passed":
+            return ContentVerdict(kind, first=bool(n[0]))
+        if kind == "trusted":
+            return ContentVerdict(kind)
+        return ContentVerdict(kind, proxies=n[0], needed=n[1], cooloff=n[2] / 1000 if len(n) > 2 else 0.0)
 
     def hold(self, pool: str, site: str, member: str, *, ttl: float, concurrency: int = 1,
              in_flight: bool = False, token: str | None = None):

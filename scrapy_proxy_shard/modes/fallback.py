@@ -287,6 +287,23 @@ class FallbackPoolStore(PoolBackend):
                                                    ttl=retry_after if outcome == "ban" else None))
             return ReleaseResult("lost", time.time())
 
+    async def content_check(self, pool: str, site: str, verdict: str, *, proxy_id: str = "", check: str = "",
+                            suspects: int = 3) -> Any:
+        """The engine in use records it (Redis, or the local slice's engine while Redis is away: a check
+        found suspect there opens the local breaker only, a pass is told to Redis at the next one)."""
+        store = self.primary if self.state == "redis" else self._ensure_local()
+        try:
+            return await store.content_check(pool, site, verdict, proxy_id=proxy_id, check=check, suspects=suspects)
+        except PoolUnreachable:
+            return None
+
+    async def breaker(self, pool: str, site: str) -> Any:
+        store = self.primary if self.state == "redis" else self._ensure_local()
+        try:
+            return await store.breaker(pool, site)
+        except PoolUnreachable:
+            return None
+
     async def end_session(self, pool: str, site: str, session_id: str, *, min_interval: float = 0.0) -> bool:
         store = self.primary if self.state == "redis" else self._ensure_local()
         try:

@@ -19,8 +19,11 @@ class ShopSpider(scrapy.Spider):
     proxy_pool = "datacenter"
 
     def __init__(self, shard=0, shards=1, sites="shop-a.test,shop-b.test,market.test", pages=30,
-                 flows=2, flow_steps=4, **kwargs):
+                 flows=2, flow_steps=4, required_css="", **kwargs):
         super().__init__(**kwargs)
+        # -a required_css=SEL[,SEL]: another check for the catalog pages (a wrong one shows how the
+        # plugin suspects a check that fails for every proxy: no proxy burnt, the crawl closes)
+        self.catalog_css = [s.strip() for s in required_css.split(",") if s.strip()] or CATALOG_CSS
         self.shard, self.shards = int(shard), int(shards)
         if not 0 <= self.shard < self.shards:
             raise ValueError(f"shard ({shard}) must be in 0..shards-1 (shards={shards})")
@@ -49,7 +52,7 @@ class ShopSpider(scrapy.Spider):
                 continue
             for site in self.sites:
                 yield scrapy.Request(f"http://{site}/catalog/{n}", callback=self.parse_page,
-                                     errback=self.failed, meta={"proxy_shard_required_css": CATALOG_CSS})
+                                     errback=self.failed, meta={"proxy_shard_required_css": self.catalog_css})
 
     def flow_request(self, site, flow_id, step):
         return scrapy.Request(
