@@ -237,7 +237,7 @@ class BanDetectionMiddleware:
         if verdict.kind == "ban" and verdict.reason in CONTENT_REASONS:
             # A check that never passed on the site may be wrong, not the proxy (crawl/content.py).
             check = self._check_of(request, response, spider)
-            if await self.runtime.content.failed(self.runtime.lease_of(request), check):
+            if await self.runtime.content.failed(self.runtime.lease_of(request), check, request):
                 await self.runtime.finish(request, "unknown", reason=verdict.reason)
                 return self._retry(request, verdict, spider)
         elif verdict.kind == "fine" and self._required_css(request, spider, response):

@@ -19,3 +19,8 @@ lease_acquired = object()
 #: :class:`~scrapy_proxy_shard.engine.store.ReleaseResult`: ``status``, ``now`` on the Redis clock).
 #: Not sent when the release itself failed (the lease then expires in Redis).
 lease_released = object()
+
+#: A content check that never passed on a site failed for enough distinct proxies: the site's circuit
+#: breaker opened with cause ``content`` (sent by the host whose answer opened it). Handlers get
+#: ``request``, ``site``, ``pool``, ``check`` (the selectors, as logged) and ``proxies`` (how many failed it).
+content_check_suspected = object()

@@ -21,6 +21,7 @@ from test_middlewares import PROXIES, Harness
 from scrapy_proxy_shard.crawl.liveness import CONTENT_REASON
 from scrapy_proxy_shard.engine.proxies import proxy_id
 from scrapy_proxy_shard.exceptions import PoolExhausted
+from scrapy_proxy_shard.signals import content_check_suspected
 
 POOL = "main"
 SITE = "shop.example"
@@ -76,6 +77,8 @@ class CheckedSpider(Spider):
 
 def test_a_wrong_check_burns_no_proxy_opens_the_breaker_and_closes_the_crawl(caplog):
     h = Harness({"PROXY_SHARD_PAUSE_HORIZON": 60}, spidercls=CheckedSpider, proxies=PROXIES)
+    told = []
+    h.crawler.signals.connect(lambda **kw: told.append(kw), signal=content_check_suspected, weak=False)
 
     async def scenario():
         await h.open()
@@ -99,6 +102,7 @@ def test_a_wrong_check_burns_no_proxy_opens_the_breaker_and_closes_the_crawl(cap
     state = h.admin.breaker("default", SITE)
     assert state.state == "open" and state.cause == "content" and state.check == "'div.product'"
     assert h.stat("content/suspect") == 3 and h.stat("content/breaker_opened") == 1
+    assert [(k["site"], k["check"], k["proxies"]) for k in told] == [(SITE, "'div.product'", 3)]
     assert not h.stat("bans")  # no answer counted as a ban
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     wrong = [m for m in errors if "the check may be wrong" in m]

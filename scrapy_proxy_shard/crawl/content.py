@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from scrapy_proxy_shard import signals as shard_signals
 from scrapy_proxy_shard.engine.records import Lease
 from scrapy_proxy_shard.exceptions import ProxyShardError
 
@@ -73,7 +74,7 @@ class ContentChecks:
             return
         self._remember(key)
 
-    async def failed(self, lease: Lease, check: str) -> bool:
+    async def failed(self, lease: Lease, check: str, request: Any = None) -> bool:
         """A content check failed through the lease's proxy. Returns True when the failure is suspect (the
         check never passed on the site): release it without a ban."""
         key = (lease.pool, lease.site)
@@ -108,6 +109,9 @@ class ContentChecks:
                 "PROXY_SHARD_REQUIRED_CSS / the spider attribute proxy_shard_required_css (or the site's "
                 "required_css in PROXY_SHARD_SITES)",
                 {"site": lease.site, "check": check, "n": verdict.proxies, "pool": lease.pool})
+            self.runtime.crawler.signals.send_catch_log(
+                shard_signals.content_check_suspected, request=request, site=lease.site, pool=lease.pool,
+                check=check, proxies=verdict.proxies)
         else:
             logger.info("proxy_shard: %(site)s: answer through proxy %(proxy)s lacks %(check)s, a check that never "
                         "passed there: suspect, proxy not quarantined (%(n)d of %(needed)d distinct proxies)",
