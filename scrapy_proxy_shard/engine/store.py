@@ -280,7 +280,8 @@ class PoolBackend(Protocol):
     async def pool_size(self, pool: str) -> int: ...
 
     async def lease(self, pool: str, site: str, *, ttl: float, concurrency: int = 1,
-                    session_id: str | None = None, session_ttl: float = 600.0) -> Lease | LeaseWait: ...
+                    session_id: str | None = None, session_ttl: float = 600.0,
+                    spacing: float = 0.0) -> Lease | LeaseWait: ...
 
     async def wait_for_release(self, pool: str, site: str, timeout: float) -> bool: ...
 
@@ -291,7 +292,7 @@ class PoolBackend(Protocol):
                       autothrottle: AutothrottleOptions | None = None, rate_ban: bool = False,
                       retry_after: float | None = None,
                       arrival_guard: tuple[float, float | None] | None = None,
-                      rest_min: float | None = None) -> ReleaseResult:
+                      rest_min: float | None = None, margin_prior: float = 0.0) -> ReleaseResult:
         """Give a slot back: free again at max(lease start + min_interval + the arrival guard's shift,
         now + rest_after_response)."""
         ...

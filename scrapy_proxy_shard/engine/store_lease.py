@@ -35,23 +35,27 @@ class _Leasing:
 
     # --- leasing -------------------------------------------------------------------------------
     def lease(self, pool: str, site: str, *, ttl: float, concurrency: int = 1,
-              session_id: str | None = None, session_ttl: float = 600.0):
+              session_id: str | None = None, session_ttl: float = 600.0, spacing: float = 0.0):
         """Lease the slot free longest on ``site``, or continue ``session_id``'s sticky proxy.
+
+        ``spacing`` (seconds; with ``concurrency`` > 1): the interval the caller paces the site with.
+        The proxy's other slots on the site start no sooner than that after this lease (the site counts
+        arrivals per IP); 0: the spacing the site's last release paced with.
 
         Returns a ``Lease`` or a ``LeaseWait``; raises ``UnknownPoolError`` for an empty pool.
         """
         return self._run(self._lease_request, self._lease_done, pool, site, ttl, concurrency, session_id,
-                         session_ttl)
+                         session_ttl, spacing)
 
-    def _lease_request(self, pool, site, ttl, concurrency, session_id, session_ttl) -> _Script:
+    def _lease_request(self, pool, site, ttl, concurrency, session_id, session_ttl, spacing=0.0) -> _Script:
         token = self._token()
         session = session_id or ""
         return _Script("lease", self._call_keys("lease", self.prefix(pool), site, session, token), (
             site, int(concurrency), _ms(ttl, "ttl"), token, self.host_id, session,
-            _ms(max(session_ttl, ttl), "session_ttl"), self.site_idle_ms,
+            _ms(max(session_ttl, ttl), "session_ttl"), self.site_idle_ms, _ms(spacing, "spacing"),
         ))
 
-    def _lease_done(self, reply, request, pool, site, ttl, concurrency, session_id, session_ttl):
+    def _lease_done(self, reply, request, pool, site, ttl, concurrency, session_id, session_ttl, spacing=0.0):
         if reply[0] == "MIGRATE":
             return _Continue(self._lease_migrated(request, pool, site, session_id, ttl))
         return self._lease_result(reply, pool, site, session_id)
@@ -97,7 +101,8 @@ class _Leasing:
                 rest_after_response: float = 0.0, randomize_interval: bool = False,
                 autothrottle: AutothrottleOptions | None = None, rate_ban: bool = False,
                 retry_after: float | None = None,
-                arrival_guard: tuple[float, float | None] | None = None, rest_min: float | None = None):
+                arrival_guard: tuple[float, float | None] | None = None, rest_min: float | None = None,
+                margin_prior: float = 0.0):
         """Give a slot back with the request's outcome; ``ban``/``dead`` quarantine the proxy.
 
         Pacing (on the Redis clock): the slot is free again at the later of the lease's start +
@@ -121,7 +126,8 @@ class _Leasing:
         its quarantine: brief (the site's rest learned from when banned IPs come back clean, at least
         ``rest_min``, default AUTOTHROTTLE_BAN_TTL) for a rate-type ban or any ban after a clean answer,
         the ban TTL for a hard block; with a fixed interval, strike-like answers widen the site's path
-        margin, added to ``min_interval`` for every host (``ReleaseResult.margin``).
+        margin, added to ``min_interval`` for every host (``ReleaseResult.margin``); ``margin_prior``: the
+        margin before the site taught one, as a share of the interval (at most 20 ms; the crawl: 0.03).
 
         ``arrival_guard``: ``(cap, floor)`` in seconds: the slot's next start is pushed back by
         ``min(cap, max(1 ms, release - lease start - floor))`` on the Redis clock (by ``release - lease
@@ -130,11 +136,12 @@ class _Leasing:
         """
         return self._run(self._release_request, self._release_done, lease, outcome, latency, min_interval, reason,
                          session_ttl, ban_ttl, rest_after_response, randomize_interval, autothrottle, rate_ban,
-                         retry_after, arrival_guard, rest_min)
+                         retry_after, arrival_guard, rest_min, margin_prior)
 
     def _release_request(self, lease, outcome, latency, min_interval, reason, session_ttl, ban_ttl,
                          rest_after_response=0.0, randomize_interval=False, autothrottle=None,
-                         rate_ban=False, retry_after=None, arrival_guard=None, rest_min=None) -> _Script:
+                         rate_ban=False, retry_after=None, arrival_guard=None, rest_min=None,
+                         margin_prior=0.0) -> _Script:
         if outcome not in OUTCOMES:
             raise ValueError(f"outcome must be one of {OUTCOMES}, got {outcome!r}")
         adaptive = autothrottle is not None and autothrottle.enabled
@@ -175,7 +182,7 @@ class _Leasing:
             _ms(max(session_ttl, 0.001)), _reason(reason or outcome), *ban_args,
             repr(float(self.ewma_alpha)), _ms(rest_after_response, "rest_after_response"),
             self._breaker_arg(site), self.site_idle_ms, *pace_args, told,
-            *self._guard_args(arrival_guard),
+            *self._guard_args(arrival_guard), repr(float(margin_prior)),
         ))
 
     @staticmethod

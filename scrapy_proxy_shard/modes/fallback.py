@@ -213,13 +213,14 @@ class FallbackPoolStore(PoolBackend):
         await self._enter_fallback(reason)
 
     async def lease(self, pool: str, site: str, *, ttl: float, concurrency: int = 1,
-                    session_id: str | None = None, session_ttl: float = 600.0) -> Lease | LeaseWait:
+                    session_id: str | None = None, session_ttl: float = 600.0,
+                    spacing: float = 0.0) -> Lease | LeaseWait:
         self._site_concurrency[(pool, site)] = concurrency
         if self.state == "redis":
             try:
                 await self._refresh_snapshot(pool)
                 result = await self.primary.lease(pool, site, ttl=ttl, concurrency=concurrency,
-                                                  session_id=session_id, session_ttl=session_ttl)
+                                                  session_id=session_id, session_ttl=session_ttl, spacing=spacing)
                 self._silent_since = None
                 return result
             except PoolUnreachable as exc:
@@ -229,8 +230,8 @@ class FallbackPoolStore(PoolBackend):
         if self.state == "grace" and self.clock() >= self._grace_until:
             self._leave_fallback()
             return await self.lease(pool, site, ttl=ttl, concurrency=concurrency, session_id=session_id,
-                                    session_ttl=session_ttl)
-        return await self._local_lease(pool, site, ttl, concurrency, session_id, session_ttl)
+                                    session_ttl=session_ttl, spacing=spacing)
+        return await self._local_lease(pool, site, ttl, concurrency, session_id, session_ttl, spacing)
 
     async def wait_for_release(self, pool: str, site: str, timeout: float) -> bool:
         if self.state == "redis":
@@ -250,11 +251,12 @@ class FallbackPoolStore(PoolBackend):
                       autothrottle: AutothrottleOptions | None = None, rate_ban: bool = False,
                       retry_after: float | None = None,
                       arrival_guard: tuple[float, float | None] | None = None,
-                      rest_min: float | None = None) -> ReleaseResult:
+                      rest_min: float | None = None, margin_prior: float = 0.0) -> ReleaseResult:
         how = {"outcome": outcome, "latency": latency, "min_interval": min_interval, "reason": reason,
                "session_ttl": session_ttl, "ban_ttl": ban_ttl, "rest_after_response": rest_after_response,
                "randomize_interval": randomize_interval, "autothrottle": autothrottle, "rate_ban": rate_ban,
-               "retry_after": retry_after, "arrival_guard": arrival_guard, "rest_min": rest_min}
+               "retry_after": retry_after, "arrival_guard": arrival_guard, "rest_min": rest_min,
+               "margin_prior": margin_prior}
         local = self._local_leases.pop(lease.token, None)
         if local is not None:
             result = await self._ensure_local().release(lease, **how)
@@ -546,12 +548,12 @@ class FallbackPoolStore(PoolBackend):
         logger.warning("proxy_shard: back on the shared Redis pool after %(s).1fs in fallback", {"s": seconds})
 
     # --- local leasing -----------------------------------------------------------------------------
-    async def _local_lease(self, pool, site, ttl, concurrency, session_id, session_ttl):
+    async def _local_lease(self, pool, site, ttl, concurrency, session_id, session_ttl, spacing=0.0):
         local = self._ensure_local()
         while True:
             try:
                 result = await local.lease(pool, site, ttl=ttl, concurrency=concurrency, session_id=session_id,
-                                           session_ttl=session_ttl)
+                                           session_ttl=session_ttl, spacing=spacing)
             except UnknownPoolError:
                 if not self.snapshot.proxies.get(pool):
                     raise

@@ -858,7 +858,8 @@ end
 --          LEARN_REST_DECAY x T; one banned again right after it rests 2 x T, and rest becomes that when
 --          the proxy had answered clean before ('f': an IP the site blacklists for good, which never
 --          answered clean, must not teach every IP a long rest)
---   mg     the path margin, ms, added to a fixed interval (not to a learned one, which moves by itself):
+--   mg     the path margin, ms, added to a fixed interval (not to a learned one, which moves by itself;
+--          the caller's prior share of the interval, at most MARGIN_PRIOR_MAX, until the site teaches one):
 --          the site counts arrivals, and path jitter brings some closer than they were sent. A strike-like
 --          answer (a rate-type ban, or a block after a clean answer) of a request started at or after
 --          mge widens it by mgs (which then doubles) for every host; each MARGIN_RUN clean answers narrow
@@ -868,6 +869,9 @@ end
 --   widen  widenings (a counter)
 local LEARN_REST_DECAY = 0.9
 local MARGIN_STEP = 5          -- ms
+-- A site's margin before it taught any (the caller's share of the interval) is at most this many ms; it
+-- decays like any margin while answers are clean.
+local MARGIN_PRIOR_MAX = 20
 local MARGIN_RUN = 200
 local MARGIN_DECAY = 0.9
 local MARGIN_KEEP = 1.25
@@ -886,13 +890,14 @@ end
 -- `interval` the fixed interval paced with (ms; 0 for none or adaptive: no margin). Returns the proxy's
 -- previous mark, the site's rest (ms) and the margin in force (ms) with what this answer did to it
 -- ('' or 'widen').
-local function site_learn(site, id, start, outcome, kind, rest_min, interval, keep_ms, now)
+local function site_learn(site, id, start, outcome, kind, rest_min, interval, keep_ms, prior_share, now)
   local K = K_PACE
   local s = redis.call('HMGET', K, 'p:' .. id, 'rest', 'mg', 'mgs', 'mge', 'mgr', 'mgb')
   local last = s[1]
   local rest = tonumber(s[2]) or rest_min
   if rest < rest_min then rest = rest_min end
-  local mg, mgs, mge = tonumber(s[3]) or 0, tonumber(s[4]) or MARGIN_STEP, tonumber(s[5]) or 0
+  local prior = math.min(prior_share * interval, MARGIN_PRIOR_MAX)
+  local mg, mgs, mge = tonumber(s[3]) or prior, tonumber(s[4]) or MARGIN_STEP, tonumber(s[5]) or 0
   local mgr, mgb = tonumber(s[6]) or 0, tonumber(s[7]) or 0
   local set = {}
   local event = ''

@@ -10,6 +10,8 @@
 -- ARGV[6]  session id, or "" for a plain lease
 -- ARGV[7]  session TTL, ms (sliding; only with a session id)
 -- ARGV[8]  site idle TTL, ms: the site's state expires this long after its last hold ends
+-- ARGV[9]  spacing, ms (optional; with concurrency > 1): the proxy's other slots on the site start no
+--          sooner than this after the lease's start; 0 or absent: the site's last release's (ip_field)
 -- Replies (flat arrays):
 --   {"OK", id, url, member, token, expires_ms, now_ms, session_flag, rebound_flag}
 --        session_flag 1: the lease is a use of a sticky session; rebound_flag 1: the session's
@@ -39,6 +41,7 @@
 local bad = arg_str(1, 'site') or arg_str(4, 'token') or arg_str(5, 'host') or arg_str(6, 'session id', true)
   or arg_int(2, 'concurrency', 1, MAX_CONCURRENCY) or arg_int(3, 'lease ttl ms', 1, MAX_MS)
   or arg_int(7, 'session ttl ms', 1, MAX_MS) or arg_int(8, 'site idle ttl ms', 1000, MAX_MS)
+  or (ARGV[9] and arg_int(9, 'spacing ms', 0, MAX_MS))
 if bad then return redis.error_reply(bad) end
 local earlier = redis.call('GET', K_MEMO)
 if earlier then
@@ -213,7 +216,8 @@ local c = site_c
 if c > 1 then
   -- Arrivals per IP: the proxy's other slots wait the site's spacing after this start (see ip_field).
   redis.call('HSET', K_SITE, ip_field(id), istr(now))
-  local spacing = tonumber(redis.call('HGET', K_SITE, IP_SPACING))
+  local spacing = tonumber(ARGV[9])
+  if not spacing or spacing == 0 then spacing = tonumber(redis.call('HGET', K_SITE, IP_SPACING)) end
   if spacing and spacing > 0 then
     local others = {}
     local k = tonumber(string.match(member, '/(%d+)$'))

@@ -46,6 +46,8 @@
 --          slower than the quickest the caller has seen can have arrived that much late; see
 --          crawl/arrival.py). Without a floor (the caller's first use of the proxy on the site: new
 --          connections) by now - start: this release is the only sure bound on the arrival
+-- ARGV[29] (optional) the path margin a fixed interval starts with, as a share of it (at most 20 ms)
+--          until the site teaches one (see site_learn); 0 or absent: none
 -- Replies:
 --   {"OK", now_ms, ban_until_ms, strikes, breaker_event, bans, proxies, reasons, window_ms, cooloff_ms,
 --    learned_interval, pace_event, margin_ms, margin_event}
@@ -79,6 +81,7 @@ local bad = arg_str(1, 'site') or arg_str(2, 'member') or arg_str(3, 'token') or
   or arg_num(23, 'interval factor', 0, 2) or arg_int(24, 'ban kind', 0, 3)
   or arg_int(25, 'autothrottle ban ttl ms', 1, MAX_MS) or arg_int(26, 'retry-after ms', 0, MAX_MS)
   or arg_int(27, 'arrival guard ms', 0, MAX_MS) or arg_int(28, 'arrival floor ms', -1, MAX_MS)
+  or (ARGV[29] and arg_num(29, 'margin prior', 0, 1))
   or arg_str(17, 'breaker', true)
 if bad then return redis.error_reply(bad) end
 local breaker, bad_breaker = breaker_conf(ARGV[17])
@@ -120,7 +123,7 @@ if adaptive then fixed = 0 end
 local learn_keep = tonumber(ARGV[18])  -- what the site taught lives as long as its state, or a week
 if adaptive then learn_keep = PACE_KEEP_MS end
 local last_answer, site_rest, margin, margin_event = site_learn(site, id, answer_start, outcome, kind,
-  tonumber(ARGV[25]), fixed, learn_keep, now)
+  tonumber(ARGV[25]), fixed, learn_keep, tonumber(ARGV[29]) or 0, now)
 local pace_iv, pace_event = '', ''
 if adaptive then
   --@lazy pace_release
