@@ -83,7 +83,7 @@ DEFAULTS: dict[str, Any] = {
     # "auto": adaptive pacing where the site's rule is not given (no PROXY_SHARD_MIN_INTERVAL, or a site
     # entry's min_interval, set); True / False: everywhere / nowhere (a site entry may still say)
     "PROXY_SHARD_AUTOTHROTTLE_ENABLED": "auto",
-    "PROXY_SHARD_AUTOTHROTTLE_START_INTERVAL": 1.0,
+    "PROXY_SHARD_AUTOTHROTTLE_START_INTERVAL": 3.0,  # polite: above most published rules; descends fast
     "PROXY_SHARD_AUTOTHROTTLE_MIN_INTERVAL": 0.1,
     "PROXY_SHARD_AUTOTHROTTLE_MAX_INTERVAL": 60.0,
     "PROXY_SHARD_AUTOTHROTTLE_BAN_REASONS": DEFAULT_RATE_BAN_REASONS,

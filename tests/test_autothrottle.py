@@ -338,14 +338,14 @@ def test_status_exporter_and_log_line_show_the_learned_interval(fake_redis):
 
 def test_settings_defaults_and_per_site_overrides():
     s = ShardSettings.from_settings({"PROXY_SHARD_AUTOTHROTTLE_ENABLED": False})
-    assert s.autothrottle == AutothrottleOptions(False, 1.0, 0.1, 60.0)
+    assert s.autothrottle == AutothrottleOptions(False, 3.0, 0.1, 60.0)
     assert s.site_options("a.example").autothrottle is None  # off
     # "auto" (the default): on where the rule is not given; a site that gives its interval is paced with it
     s = ShardSettings.from_settings({"PROXY_SHARD_SITES": {"ruled.example": {"min_interval": 0.5},
                                                            "said.example": {"min_interval": 0.5,
                                                                             "autothrottle_enabled": True}}})
     assert s.autothrottle.enabled
-    assert s.site_options("a.example").autothrottle == AutothrottleOptions(True, 1.0, 0.1, 60.0)
+    assert s.site_options("a.example").autothrottle == AutothrottleOptions(True, 3.0, 0.1, 60.0)
     assert s.site_options("ruled.example").autothrottle is None
     assert s.site_options("said.example").autothrottle is not None
     s = ShardSettings.from_settings({"PROXY_SHARD_MIN_INTERVAL": 0.5, "PROXY_SHARD_SITES": {"b.example": {}}})
@@ -360,7 +360,7 @@ def test_settings_defaults_and_per_site_overrides():
     })
     assert s.site_options("slow.example").autothrottle == AutothrottleOptions(True, 5.0, 0.2, 10.0, ban_ttl=5.0)
     assert s.site_options("off.example").autothrottle is None
-    assert s.site_options("other.example").autothrottle == AutothrottleOptions(True, 1.0, 0.2, 60.0, ban_ttl=5.0)
+    assert s.site_options("other.example").autothrottle == AutothrottleOptions(True, 3.0, 0.2, 60.0, ban_ttl=5.0)
     assert s.autothrottle_ban_reasons == {"http_429", "http_403"} and s.autothrottle_ban_ttl == 5.0
 
 

@@ -16,7 +16,7 @@ def test_defaults_are_sane():
     assert s.enabled and s.pool == "default" and s.namespace == "proxy_shard"
     assert s.lease_ttl == 210.0  # DOWNLOAD_TIMEOUT (180) + 30: a live download never loses its lease
     # the site's rule not given: adaptive pacing (AUTOTHROTTLE_ENABLED "auto"), the arrival guard off
-    assert s.site_options("any.example") == SiteOptions(1, 1.0, autothrottle=AutothrottleOptions(True, 1.0, 0.1, 60.0))
+    assert s.site_options("any.example") == SiteOptions(1, 1.0, autothrottle=AutothrottleOptions(True, 3.0, 0.1, 60.0))
     assert s.arrival_guard == 0.0
     assert parse(PROXY_SHARD_MIN_INTERVAL=1.0).site_options("any.example") == SiteOptions(1, 1.0)  # given: fixed
     assert ":" in s.host_id

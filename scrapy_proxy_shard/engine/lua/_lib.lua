@@ -682,7 +682,7 @@ local PACE_KEEP_MS = 7 * 86400000  -- a site's learned pace is forgotten a week 
 local PACE_UP = 1.5          -- a raise: interval x 1.5 (capped at the maximum),
 local PACE_UP_FIRM = 1.1     -- ... x 1.1 from a firm interval (PACE_LONE_RUN clean answers in a row)
 local PACE_DOWN = 0.8       -- a probe tries interval x 0.8, never below the floor nor the minimum,
-local PACE_DOWN_FIRST = 0.5  -- ... or x 0.5 while no interval is known to fail (a fast first descent)
+local PACE_DOWN_FIRST = 0.25  -- ... or x 0.25 while no interval is known to fail (a fast first descent)
 local PACE_CLEAN_RUN = 5     -- clean answers at the pace before a probe starts
 local PACE_PROBE_RUN_FIRST = 3  -- clean answers of the probe proxy at the lower interval that adopt it,
 local PACE_PROBE_RUN = 10       -- ... once an interval is known to fail (near the rule: a stricter test),
@@ -803,8 +803,14 @@ local function pace_release(site, id, start, outcome, rate, start_ms, min_ms, ma
       -- does not use the one in force to the full.
       if probe == '' and not prev and run >= PACE_CLEAN_RUN and iv > floor + 0.01  -- (0.01: iv is kept to 3 decimals)
           and redis.call('EXISTS', K_WAITING) == 1 then
+        -- Nothing failed yet: a long step. Else halfway (geometric) between the interval in force and
+        -- the floor above the one known to fail, at most x PACE_DOWN: the rule lies between the two.
         local new = iv * PACE_DOWN
-        if bad == 0 then new = iv * PACE_DOWN_FIRST end
+        if bad == 0 then
+          new = iv * PACE_DOWN_FIRST
+        elseif math.sqrt(iv * floor) < new then
+          new = math.sqrt(iv * floor)
+        end
         if new < floor then new = floor end
         redis.call('HSET', K, 'probe', id, 'piv', pace_ms(new), 'pat', istr(now), 'pn', 0, 'run', 0,
           'pls', istr(start))
