@@ -547,3 +547,24 @@ def test_demo_refuses_in_one_line_without_example_project(tmp_path):
         run_demo(DemoConfig(project=tmp_path / "example_project", progress=False))
     assert "\n" not in str(info.value) and str(tmp_path) in str(info.value)
     require_project(DemoConfig().project)  # a source checkout passes
+
+
+def test_quarantine_reuse_follows_the_engines_escalation_with_its_jitter() -> None:
+    """The demo's check of quarantines against the site's log: a second rate ban in a row of an IP that
+    never answered clean rests 4 x the first (each step up to BAN_JITTER shorter, compounding)."""
+    from scrapy_proxy_shard.demo.run import BAN_JITTER, BRIEF_REST, _quarantine_reuse
+
+    brief = BRIEF_REST * (1 - BAN_JITTER)
+
+    def entries(third_after: float) -> list[dict]:
+        row = [(0.0, "503"), (1.0, "429"), (1.0 + third_after, "captcha")]
+        return [{"ip": "10.0.0.1", "site": "a.test", "start": t, "end": t + 0.05, "status": 429,
+                 "ban_style": style} for t, style in row]
+
+    # escalated: 4 x 0.9 x 0.9 = 3.24 s at least, measured from the ban's end
+    assert _quarantine_reuse(entries(3.4), 100.0, brief=brief) == []
+    assert len(_quarantine_reuse(entries(2.0), 100.0, brief=brief)) == 1
+    # a block (403) on first contact keeps the long quarantine
+    block = [{"ip": "10.0.0.2", "site": "a.test", "start": 0.0, "end": 0.1, "status": 403, "ban_style": "403"},
+             {"ip": "10.0.0.2", "site": "a.test", "start": 50.0, "end": 50.1, "status": 200, "ban_style": None}]
+    assert len(_quarantine_reuse(block, 100.0, brief=brief)) == 1

@@ -269,8 +269,8 @@ def run_demo(config: DemoConfig) -> DemoResult:
     summary = summarize(entries, expected_pages=config.expected_pages)
     egress = {m["source_ip"] for m in manifest}
     return DemoResult(config, summary, hosts, leases_left,
-                      _quarantine_reuse(entries, config.ban_ttl * 0.9, _blind_window(config, events),
-                                        brief=BRIEF_REST * 0.9),
+                      _quarantine_reuse(entries, config.ban_ttl * (1 - BAN_JITTER), _blind_window(config, events),
+                                        brief=BRIEF_REST * (1 - BAN_JITTER)),
                       time.monotonic() - started, workdir, events,
                       direct_requests=[e for e in entries if e["ip"] not in egress])
 
@@ -440,16 +440,20 @@ BRIEF_REST = 1.0
 #: Ban disguises the plugin reads as rate-type (PROXY_SHARD_AUTOTHROTTLE_BAN_REASONS by default): their
 #: quarantine is brief (docs/pacing.md), x 4 per repeat for an IP that never answered the site clean.
 RATE_STYLES = frozenset({"429", "503", "captcha"})
+#: PROXY_SHARD_BAN_JITTER's default: every quarantine is up to this share shorter than its nominal
+#: length, and an escalation multiplies the length the last one actually had (so the jitter compounds).
+BAN_JITTER = 0.1
 
 
 def _quarantine_reuse(entries: list[dict], quarantine: float,
                       blind: tuple[float, float] | None = None, *, brief: float | None = None) -> list[str]:
     """Requests an IP sent to a site within the quarantine its last ban there earned: ``quarantine``
     seconds for a block (403, a stub page) or any ban when ``brief`` is None; for a rate-type disguise
-    (RATE_STYLES) ``brief`` x 4 per ban in a row of an IP that never answered the site clean (else x 2):
-    at least what the plugin rests it; or within the ban's ``Retry-After`` when the site gave one and it
-    is shorter (the crawler honours it: PROXY_SHARD_RETRY_AFTER). Bans served inside ``blind``, a Redis
-    outage, are left out: see _blind_window."""
+    (RATE_STYLES) ``brief`` x 4 per ban in a row of an IP that never answered the site clean (else x 2),
+    each step less the ban jitter: at least what the plugin rests it; or within the ban's
+    ``Retry-After`` when the site gave one and it is shorter (the crawler honours it:
+    PROXY_SHARD_RETRY_AFTER). Bans served inside ``blind``, a Redis outage, are left out: see
+    _blind_window."""
     banned_at: dict[tuple[str, str], tuple[float, float]] = {}
     in_row: dict[tuple[str, str], int] = {}
     clean: set[tuple[str, str]] = set()
@@ -470,7 +474,7 @@ def _quarantine_reuse(entries: list[dict], quarantine: float,
             continue
         n = in_row[key] = in_row.get(key, 0) + 1
         if brief is not None and (style in RATE_STYLES or key in clean):
-            length = brief * (2 if key in clean else 4) ** (n - 1)
+            length = brief * ((2 if key in clean else 4) * (1 - BAN_JITTER)) ** (n - 1)
         elif key in banned_at:
             continue  # a block in a row: escalated from the first, which is what it is checked against
         else:
