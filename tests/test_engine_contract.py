@@ -174,6 +174,18 @@ def test_a_retry_after_quarantine_is_exact_until_the_sites_word_proves_wrong(sto
     assert seen == [(0.5, 1), (0.2, 2), (1.2, 3), (1.2, 4), (1.2, 5)]  # not 0.1: the ladder
 
 
+def test_a_retry_after_proved_short_still_bounds_the_quarantine_from_below(store, clock):
+    """Banned again right after the site's Retry-After (after one clean answer: a new first strike,
+    from the site's brief rest of 1 s), the IP rests no less than what the site said this time."""
+    store.add_proxies(POOL, URLS[:1])
+    first = store.release(lease_ok(store), outcome="ban", reason="http_429", retry_after=0.2)
+    clock.sleep(first.ban_until - first.now + 0.05)
+    store.release(lease_ok(store), outcome="ok")
+    again = store.release(lease_ok(store), outcome="ban", reason="http_429", retry_after=1.2)
+    assert again.strikes == 1
+    assert again.ban_until - again.now == pytest.approx(1.2, abs=0.01)  # not the brief rest
+
+
 def test_jitter_shortens_within_bounds(make_store, clock):
     from scrapy_proxy_shard.settings import BanOptions
 

@@ -375,6 +375,9 @@ local function ban(scope, id, reason, base_ms, max_ms, jitter, window_ms, now, f
     if ttl > max_ms then ttl = max_ms end
     ttl = math.floor(ttl * (1 + jitter))
     if ttl < 1 then ttl = 1 end
+    -- banned again right after the site's Retry-After: its word is too short, never too long (the
+    -- new ban is the site's to time: a rule the pace broke again, or a longer ban than it said)
+    if told_ms and told_ms > ttl then ttl = told_ms end
   end
   local until_ms = now + ttl
   redis.call('HSET', K_BANS, field, istr(until_ms) .. '|' .. strikes .. '|' .. reason .. '|' .. istr(now))
