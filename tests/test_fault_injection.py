@@ -96,10 +96,13 @@ class Fault:
     closed_epochs: list[int] = field(default_factory=list)
     final_epoch: int = 0
     notes: list[str] = field(default_factory=list)
+    #: Hosts seen holding a lease count in Redis so far (a host that finished cleanly deletes its
+    #: counters when it leaves, so the set is kept across ticks).
+    started_hosts: set[str] = field(default_factory=set)
 
     # --- the run's Injector interface ------------------------------------------------------------
     def tick(self, server: RedisServer, elapsed: float, served: int) -> None:
-        if self.injected_at is None and served >= self.trigger and self._every_host_leased(server):
+        if self.injected_at is None and self._every_host_leased(server) and served >= self.trigger:
             self.injected_at = elapsed
             self.inject(server)
         elif self.injected_at is not None:
@@ -116,14 +119,16 @@ class Fault:
         """Every host has taken a lease from Redis, so it has started: a host slow to start (a loaded
         CI machine) would otherwise meet the fault at its start and stop there by design ("cannot
         start: cannot reach Redis"), which is not what these tests are about."""
+        if len(self.started_hosts) >= HOSTS:
+            return True
         client = _client(server)
         try:
-            hosts = {name.rsplit(":", 1)[0] for pool in POOLS
-                     for name, count in client.hgetall(f"{{{NAMESPACE}:{pool}}}:hstats").items()
-                     if name.endswith(":l") and int(count) > 0}
+            self.started_hosts |= {name.rsplit(":", 1)[0] for pool in POOLS
+                                   for name, count in client.hgetall(f"{{{NAMESPACE}:{pool}}}:hstats").items()
+                                   if name.endswith(":l") and int(count) > 0}
         finally:
             client.close()
-        return len(hosts) >= HOSTS
+        return len(self.started_hosts) >= HOSTS
 
     # --- what each fault does ----------------------------------------------------------------------
     def inject(self, server: RedisServer) -> None:
