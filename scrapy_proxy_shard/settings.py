@@ -3,9 +3,9 @@
 ``ShardSettings.for_crawler`` parses a crawler's settings once into one frozen object that both
 middlewares, the runtime and the ban policy share (``from_settings`` parses any Scrapy ``Settings``
 or plain mapping, for tests and the CLI); nothing else reads ``PROXY_SHARD_*`` settings. ``DEFAULTS``
-is the one table of defaults: the dataclass field defaults are parsed from it, and the README's
-settings tables are checked against it (tests/test_settings_table.py). A bad value raises
-``SettingError`` naming the setting and the value, never a traceback from deep inside.
+is the one table of defaults: the dataclass field defaults are parsed from it, and the settings
+reference (``reference/settings.py``, the docs page) is checked against it (tests/test_settings_table.py).
+A bad value raises ``SettingError`` naming the setting and the value, never a traceback from deep inside.
 """
 
 from __future__ import annotations

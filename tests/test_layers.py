@@ -2,7 +2,8 @@
 
 Layers, lowest first: ``exceptions``/``signals`` → ``engine`` (the pool: no Scrapy) → ``settings`` →
 ``modes`` (where the engine runs) → ``crawl`` + ``policy`` (the Scrapy side) → ``ops`` (operator tools)
-→ the public entry points (``middlewares``, ``addon``, ``__init__``, ``__main__``). A module imports only
+→ the public entry points (``middlewares``, ``addon``, ``__init__``, ``__main__``) → ``reference`` (the tables
+the docs are generated from: they may read any layer, nothing imports them). A module imports only
 from its own layer or lower ones; ``demo`` (dev tooling) may import anything, and nothing imports it.
 Every import counts, including those inside functions: a cycle hidden in a function is still a cycle.
 """
@@ -25,6 +26,7 @@ RANK = {
     "crawl": 4,
     "ops": 5,
     "middlewares": 6, "addon": 6, "__init__": 6, "__main__": 6,
+    "reference": 7,
     "demo": 9,
 }
 #: Third-party packages a layer must not import.

@@ -134,19 +134,7 @@ def test_redis_params_are_never_echoed_in_errors():
     assert "Top-Secret" not in str(info.value)
 
 
-# --- the per-request lease margin (issue 8, item 14): code and README say the same ---------------
-
-def test_readme_states_the_lease_margin_the_runtime_uses():
-    import re
-    from pathlib import Path
-
-    from scrapy_proxy_shard.crawl.runtime import LEASE_MARGIN
-
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    row = next(line for line in readme.splitlines() if line.startswith("| `PROXY_SHARD_LEASE_TTL`"))
-    stated = re.findall(r"per request at least `download_timeout \+ (\d+)`", row)
-    assert stated == [f"{LEASE_MARGIN:g}"], row
-
+# --- the per-request lease margin (issue 8, item 14; the reference states it: test_settings_table.py) ---
 
 def test_a_request_lease_outlives_its_download_timeout_by_the_margin(redis_server, real_redis):
     import asyncio

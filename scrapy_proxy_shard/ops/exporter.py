@@ -126,7 +126,7 @@ class PoolCollector:
 
 def pool_metrics(snapshots: Sequence[PoolSnapshot],
                  top_sites: Mapping[str, frozenset[str] | None] | None = None) -> Iterator[Metric]:
-    """Every ``proxy_shard_*`` family for the given pools (the README lists them all).
+    """Every ``proxy_shard_*`` family for the given pools (``reference/metrics.py`` lists them all).
 
     ``top_sites``: pool -> the sites exported one by one (None: all); the others are summed under
     ``site="_other"`` (``*``, proxy-wide quarantines, is not a site and is always kept).
