@@ -280,6 +280,8 @@ class ShardSettings:
 
     enabled: bool
     redis_url: str | None
+    #: The setting ``redis_url`` came from: PROXY_SHARD_REDIS_URL, else scrapy-redis' REDIS_URL (None: neither).
+    redis_url_setting: str | None = None
     redis_params: Mapping[str, Any]
     redis_client: Any = None  # PROXY_SHARD_REDIS_CLIENT: used as given (a client object or a factory)
     namespace: str
@@ -369,9 +371,11 @@ class ShardSettings:
             lease_ttl = max(60.0, download_timeout + 30.0)
         else:
             lease_ttl = _number(get, "PROXY_SHARD_LEASE_TTL", None, minimum=0.001, maximum=MAX_LEASE_TTL)
-        redis_url = get("PROXY_SHARD_REDIS_URL") or get("REDIS_URL") or None
+        # PROXY_SHARD_REDIS_URL, else the REDIS_URL of scrapy-redis (one Redis for both: docs/recipes/scrapy-redis.md)
+        url_setting = next((name for name in ("PROXY_SHARD_REDIS_URL", "REDIS_URL") if get(name)), None)
+        redis_url = get(url_setting) if url_setting else None
         if redis_url is not None and not isinstance(redis_url, str):
-            raise SettingError(f"PROXY_SHARD_REDIS_URL ({mask(redis_url)!r}) must be a redis:// URL string")
+            raise SettingError(f"{url_setting} ({mask(redis_url)!r}) must be a redis:// URL string")
         host_id = get("PROXY_SHARD_HOST_ID") or (default_host or default_host_id)()
         if not isinstance(host_id, str) or not host_id.strip() or "|" in host_id:
             raise SettingError(f"PROXY_SHARD_HOST_ID ({host_id!r}) must be a non-empty string without '|'")
@@ -407,6 +411,7 @@ class ShardSettings:
         return cls(
             enabled=_boolean(s, "PROXY_SHARD_ENABLED"),
             redis_url=redis_url,
+            redis_url_setting=url_setting,
             redis_params=_mapping(s, "PROXY_SHARD_REDIS_PARAMS"),
             redis_client=get("PROXY_SHARD_REDIS_CLIENT"),
             namespace=_name(get, "PROXY_SHARD_NAMESPACE", "namespace"),

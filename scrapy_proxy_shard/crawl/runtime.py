@@ -267,6 +267,9 @@ class ShardRuntime:
             engine = f"static (this host's slice over hosts {', '.join(s.hosts)}; no Redis)"
         else:
             engine = "embedded (in-memory, this process only; no Redis)"
+        if s.redis_url_setting == "REDIS_URL" and s.mode == "redis" and not (s.redis_sentinels or s.redis_client):
+            logger.info("proxy_shard: PROXY_SHARD_REDIS_URL is not set: the pool uses REDIS_URL (scrapy-redis' "
+                        "setting), Redis at %(where)s", {"where": self.store.where})
         logger.info("proxy_shard: engine %(engine)s, namespace %(ns)r, host %(host)r, pools %(pools)s",
                     {"engine": engine, "ns": s.namespace, "host": s.host_id,
                      "pools": ", ".join(f"{p!r} ({n} proxies)" for p, n in sizes.items())})

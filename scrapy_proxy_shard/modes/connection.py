@@ -54,9 +54,8 @@ def redis_url_of(settings: ShardSettings) -> str:
         )
     url = settings.redis_url
     if not url.startswith(("redis://", "rediss://", "unix://")):
-        raise SettingError(
-            f"PROXY_SHARD_REDIS_URL ({mask(url)!r}) must start with redis://, rediss:// or unix://"
-        )
+        name = settings.redis_url_setting or "PROXY_SHARD_REDIS_URL"
+        raise SettingError(f"{name} ({mask(url)!r}) must start with redis://, rediss:// or unix://")
     return url
 
 
