@@ -324,8 +324,11 @@ def test_auto_mode_without_redis_says_hosts_do_not_coordinate(caplog):
 
     asyncio.run(go())
     engine = [r.getMessage() for r in caplog.records if "proxy_shard: engine " in r.getMessage()]
-    assert engine == ["proxy_shard: engine embedded (in-memory, this process only; no Redis), namespace "
-                      "'proxy_shard', host " + repr(mw.runtime.settings.host_id) + ", pools 'default' (2 proxies)"]
+    host = repr(mw.runtime.settings.host_id)
+    assert engine == ["proxy_shard: engine embedded engine (in-process, not shared with other hosts; no Redis), "
+                      "namespace 'proxy_shard', host " + host + ", pools 'default' (2 proxies)"]
+    # No line names the in-process engine by its fakeredis address, as if a Redis server were used.
+    assert "redis://" not in caplog.text and "Redis at" not in caplog.text
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "hosts do NOT coordinate" in warnings[0]
     assert "Pw0rd" not in caplog.text

@@ -264,9 +264,10 @@ class ShardRuntime:
             engine = f"redis at {where}" + (f" (fallback: {state})" if state and state != "redis" else
                                             " (local fallback on)" if s.fallback else " (no fallback)")
         elif s.mode == "static":
-            engine = f"static (this host's slice over hosts {', '.join(s.hosts)}; no Redis)"
+            engine = (f"static engine (in-process, not shared with other hosts: this host's slice over hosts "
+                      f"{', '.join(s.hosts)}; no Redis)")
         else:
-            engine = "embedded (in-memory, this process only; no Redis)"
+            engine = "embedded engine (in-process, not shared with other hosts; no Redis)"
         logger.info("proxy_shard: engine %(engine)s, namespace %(ns)r, host %(host)r, pools %(pools)s",
                     {"engine": engine, "ns": s.namespace, "host": s.host_id,
                      "pools": ", ".join(f"{p!r} ({n} proxies)" for p, n in sizes.items())})
