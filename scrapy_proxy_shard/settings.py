@@ -547,7 +547,7 @@ def check_setting_names(settings: Any) -> list[str]:
         else:
             notes.append(f"{line}; did you mean {match}? (ignored: {match} keeps its value)")
     if errors:
-        raise SettingError("; ".join(errors) if len(errors) > 1 else errors[0])
+        raise SettingError("; ".join(errors))
     return notes
 
 

@@ -36,7 +36,7 @@ def _write(tmp_path, text: str | bytes, name: str = "proxies.txt") -> str:
 def test_one_proxy_per_line_comments_and_blank_lines_skipped(tmp_path):
     s = _parse(PROXY_SHARD_PROXIES_PATH=_write(tmp_path, GOOD))
     assert list(s.proxies) == ["default"]
-    assert [p.id for p in s.proxies["default"]] == ["10.0.0.1:3128", "10.0.0.2:3128", "10.0.0.3:3128"]
+    assert [p.exit for p in s.proxies["default"]] == ["10.0.0.1:3128", "10.0.0.2:3128", "10.0.0.3:3128"]
     assert SECRET not in repr(s.proxies)  # a Proxy shows itself masked
     loaded = initial_proxies(s)["default"]
     assert loaded[0].url == f"http://u:{SECRET}@10.0.0.1:3128"
@@ -60,7 +60,7 @@ def test_one_file_per_pool_and_the_list_for_another(tmp_path):
     s = _parse(PROXY_SHARD_PROXIES_PATH={"dc": _write(tmp_path, "10.0.0.1:3128\n", "dc.txt"),
                                          "resi": _write(tmp_path, "10.0.0.2:3128\n", "resi.txt")},
                PROXY_SHARD_PROXIES={"default": ["10.0.0.3:3128"]})
-    assert {pool: [p.id if isinstance(p, Proxy) else p for p in e] for pool, e in s.proxies.items()} == {
+    assert {pool: [p.exit if isinstance(p, Proxy) else p for p in e] for pool, e in s.proxies.items()} == {
         "default": ["10.0.0.3:3128"], "dc": ["10.0.0.1:3128"], "resi": ["10.0.0.2:3128"]}
     as_json = _parse(PROXY_SHARD_PROXIES_PATH=f'{{"dc": "{_write(tmp_path, "10.0.0.1:3128", "j.txt")}"}}')
     assert list(as_json.proxies) == ["dc"]  # -s PROXY_SHARD_PROXIES_PATH='{"dc": "..."}'
