@@ -386,7 +386,8 @@ def test_a_proxy_list_file_never_shows_the_secret(tmp_path, kind):
     proc = subprocess.run([sys.executable, "-m", "scrapy", "runspider", "sweep.py", "-s", "LOG_LEVEL=DEBUG",
                            "-s", "TELNETCONSOLE_ENABLED=False", "-s", "PROXY_SHARD_MODE=embedded",
                            "-s", "PROXY_SHARD_PROXIES_PATH=proxies.txt", "-s", "RETRY_ENABLED=False",
-                           "-s", "DOWNLOAD_TIMEOUT=5", "-s", "PROXY_SHARD_MAX_WAIT=2"],
+                           "-s", "DOWNLOAD_TIMEOUT=5", "-s", "PROXY_SHARD_MAX_WAIT=2",
+                           "-s", "PROXY_SHARD_PAUSE_HORIZON=1", "-s", "CLOSESPIDER_TIMEOUT=10"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
     log = proc.stdout + proc.stderr
     if kind == "bad-lines":
