@@ -10,9 +10,11 @@ A bad value raises ``SettingError`` naming the setting and the value, never a tr
 
 from __future__ import annotations
 
+import difflib
 import functools
 import itertools
 import json
+import logging
 import os
 import re
 import socket
@@ -29,9 +31,12 @@ from scrapy.settings import BaseSettings
 from scrapy_proxy_shard.engine.bans import BanOptions
 from scrapy_proxy_shard.engine.breaker import BreakerOptions
 from scrapy_proxy_shard.engine.pacing import AutothrottleOptions
-from scrapy_proxy_shard.engine.proxies import mask, parse_proxy
+from scrapy_proxy_shard.engine.proxies import Proxy, mask, parse_proxy
+from scrapy_proxy_shard.engine.proxyfile import read_proxy_file
 from scrapy_proxy_shard.engine.schema import check_name
-from scrapy_proxy_shard.exceptions import SettingError
+from scrapy_proxy_shard.exceptions import ProxyURLError, SettingError
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_BAN_CODES: tuple[int, ...] = (403, 429, 503)
 DEFAULT_PROXY_FAILURE_CODES: tuple[int, ...] = (407,)
@@ -101,6 +106,7 @@ DEFAULTS: dict[str, Any] = {
     "PROXY_SHARD_LATENCY_EWMA_ALPHA": 0.2,
     "PROXY_SHARD_SITE_POOLS": {},
     "PROXY_SHARD_PROXIES": None,
+    "PROXY_SHARD_PROXIES_PATH": None,  # a proxy list file (one per line) for PROXY_SHARD_POOL, or {pool: path}
     "PROXY_SHARD_BAN_RETRIES": 5,
     "PROXY_SHARD_BAN_POLICY": "scrapy_proxy_shard.policy.BanPolicy",
     "PROXY_SHARD_BAN_CODES": DEFAULT_BAN_CODES,
@@ -140,6 +146,32 @@ DEFAULTS: dict[str, Any] = {
     "PROXY_SHARD_PROXY_AWARE_HANDLERS": (),  # download handlers you vouch send requests through meta['proxy']
     "PROXY_SHARD_ALLOW_DIRECT": False,  # meta['proxy_shard'] = False may send a request from this host's IP
 }
+
+#: Unknown ``PROXY_SHARD_*`` names (``check_setting_names``). The rule: a name whose closest known
+#: setting decides *what the hosts share* is an ERROR (the crawl does not start), any other a WARNING.
+#: Misspelling one of these does not make a crawl fail or slow: it makes hosts quietly stop
+#: coordinating, which nobody sees until a site bans the proxies (a misspelt Redis URL runs the
+#: embedded engine, a private pool per host; a misspelt namespace, pool or static-mode host list
+#: gives hosts different keys or overlapping slices; a misspelt proxy list leaves a pool to whatever
+#: else loads it). Pacing, ban, content and health settings only change how this host behaves inside
+#: the shared pool, and keep their defaults: a WARNING names them. Each value says what it decides.
+COORDINATION_SETTINGS: dict[str, str] = {
+    **dict.fromkeys(("PROXY_SHARD_REDIS_URL", "PROXY_SHARD_REDIS_PARAMS", "PROXY_SHARD_REDIS_CLIENT",
+                     "PROXY_SHARD_REDIS_CLUSTER", "PROXY_SHARD_REDIS_SENTINELS",
+                     "PROXY_SHARD_REDIS_SENTINEL_MASTER"), "which Redis the hosts share"),
+    "PROXY_SHARD_MODE": "whether the hosts share one pool",
+    "PROXY_SHARD_NAMESPACE": "which keys the hosts share",
+    **dict.fromkeys(("PROXY_SHARD_POOL", "PROXY_SHARD_SITE_POOLS", "PROXY_SHARD_PLATFORMS"),
+                    "which pool the hosts lease from"),
+    "PROXY_SHARD_SITE_GROUPS": "which sites the hosts pace as one",
+    **dict.fromkeys(("PROXY_SHARD_PROXIES", "PROXY_SHARD_PROXIES_PATH"), "which proxies are in the pool"),
+    **dict.fromkeys(("PROXY_SHARD_HOSTS", "PROXY_SHARD_HOST_ID", "PROXY_SHARD_SHARDING"),
+                    "how the proxies are split between hosts"),
+}
+#: Names read by the plugin that are not ``DEFAULTS`` keys (a deprecated name still honoured would go
+#: here): known, so never reported. Today every name read is in ``DEFAULTS``.
+OTHER_KNOWN_SETTINGS: frozenset[str] = frozenset()
+_PREFIX = "PROXY_SHARD_"
 
 MODES = ("auto", "redis", "embedded", "static")
 EVICTION_CHOICES = ("refuse", "warn")
@@ -307,7 +339,9 @@ class ShardSettings:
     retry_after: bool
     latency_ewma_alpha: float
     site_pools: Mapping[str, str]
-    proxies: Mapping[str, tuple[str, ...]]
+    #: Per pool, what to load at spider open: PROXY_SHARD_PROXIES' URLs, or PROXY_SHARD_PROXIES_PATH's
+    #: proxies (read and validated at start, CSV tags kept).
+    proxies: Mapping[str, tuple[str | Proxy, ...]]
     ban_retries: int
     ban_policy: str
     policy: PolicyOptions
@@ -352,11 +386,16 @@ class ShardSettings:
     def for_crawler(cls, crawler: Any) -> ShardSettings:
         """The crawler's settings, parsed on first use and shared: both middlewares, the runtime and
         the ban policy read the same object (a crawler's settings are frozen before components load).
-        A bad value raises ``SettingError`` on every call, so each caller reports the same cause."""
+        A bad value raises ``SettingError`` on every call, so each caller reports the same cause; so
+        does an unknown ``PROXY_SHARD_*`` name close to a coordination setting (``check_setting_names``),
+        while other unknown names are logged once, as WARNINGs."""
         parsed = getattr(crawler, cls.ATTRIBUTE, None)
         if parsed is None:
+            unknown = check_setting_names(crawler.settings)  # an unknown coordination name: SettingError
             parsed = cls.from_settings(crawler.settings, default_host=crawler_host_id)
             setattr(crawler, cls.ATTRIBUTE, parsed)
+            for line in unknown:  # once per crawler: the parse is cached
+                logger.warning("proxy_shard: %(line)s", {"line": line})
         return parsed
 
     @classmethod
@@ -437,7 +476,7 @@ class ShardSettings:
             retry_after=_boolean(s, "PROXY_SHARD_RETRY_AFTER"),
             latency_ewma_alpha=_number(get, "PROXY_SHARD_LATENCY_EWMA_ALPHA", minimum=0.001, maximum=1.0),
             site_pools=_site_pools(s),
-            proxies=_initial_proxies(get, _name(get, "PROXY_SHARD_POOL", "pool")),
+            proxies=_all_initial_proxies(get, s, _name(get, "PROXY_SHARD_POOL", "pool")),
             ban_retries=_integer(get, "PROXY_SHARD_BAN_RETRIES", minimum=0),
             ban_policy=_dotted_path(get, "PROXY_SHARD_BAN_POLICY"),
             policy=PolicyOptions._parse(s, _site_rules(site_entries)),
@@ -486,6 +525,35 @@ class ShardSettings:
 def _parsed_defaults() -> ShardSettings:
     """``DEFAULTS`` parsed once: the source of every ``ShardSettings`` field default."""
     return ShardSettings.from_settings({})
+
+
+def check_setting_names(settings: Any) -> list[str]:
+    """Every ``PROXY_SHARD_*`` name set that is not a setting of the plugin, named with the closest one.
+
+    Returns one WARNING line per unknown name; raises ``SettingError`` (one line naming each) when the
+    closest setting of any is in ``COORDINATION_SETTINGS`` (see the rule there). The prefix is matched
+    in any case (``-s proxy_shard_pool=...``); names are compared without it, so the shared prefix does
+    not make every name look close to every other."""
+    known = set(DEFAULTS) | OTHER_KNOWN_SETTINGS
+    suffixes = {name[len(_PREFIX):]: name for name in known}
+    errors, notes = [], []
+    for name in sorted(str(n) for n in _settings(settings)):
+        if not name.upper().startswith(_PREFIX) or name in known:
+            continue
+        suffix = name[len(_PREFIX):].upper()
+        close = difflib.get_close_matches(suffix, suffixes, n=1, cutoff=0.6)
+        match = suffixes[suffix] if suffix in suffixes else (suffixes[close[0]] if close else None)
+        line = f"{name} is not a setting of scrapy-proxy-shard"
+        if match is None:
+            notes.append(f"{line} (ignored)")
+        elif match in COORDINATION_SETTINGS:
+            errors.append(f"{line}; did you mean {match}? It decides {COORDINATION_SETTINGS[match]}: with it "
+                          "misspelt the hosts would not coordinate, so the crawl does not start (rename it)")
+        else:
+            notes.append(f"{line}; did you mean {match}? (ignored: {match} keeps its value)")
+    if errors:
+        raise SettingError("; ".join(errors))
+    return notes
 
 
 def default_host_id() -> str:
@@ -986,6 +1054,85 @@ def _initial_proxies(get, default_pool: str) -> dict[str, tuple[str, ...]]:
             _check_proxy_entry(pool, n, entry)
         out[pool] = tuple(entries)
     return out
+
+
+def _all_initial_proxies(get, settings: BaseSettings, default_pool: str) -> dict[str, tuple[str | Proxy, ...]]:
+    """PROXY_SHARD_PROXIES and PROXY_SHARD_PROXIES_PATH together. Both giving one pool's proxies is an
+    error, not a merge: a project that lists proxies in settings.py and a run given a file with
+    ``-s PROXY_SHARD_PROXIES_PATH=...`` would otherwise lease from the union, keeping proxies the file
+    was meant to replace (and a precedence rule would silently drop one of the two)."""
+    listed = _initial_proxies(get, default_pool)
+    from_files = _file_proxies(get, settings, default_pool)
+    both = sorted(pool for pool in set(listed) & set(from_files) if listed[pool])
+    if both:
+        raise SettingError(
+            f"PROXY_SHARD_PROXIES and PROXY_SHARD_PROXIES_PATH both give the proxies of pool "
+            f"{', '.join(repr(p) for p in both)}: set one of them (or give each pool its own: {{pool: ...}})"
+        )
+    return {**listed, **from_files}
+
+
+def _file_proxies(get, settings: BaseSettings, default_pool: str) -> dict[str, tuple[Proxy, ...]]:
+    """PROXY_SHARD_PROXIES_PATH: a proxy list file for the default pool, or {pool: path}, read at start
+    with the parser of ``scrapy-proxy-shard load`` (engine/proxyfile.py: one proxy per line or CSV with
+    a header, blank lines and ``#`` comments skipped, every line validated, exits merged)."""
+    raw = get("PROXY_SHARD_PROXIES_PATH")
+    if raw is None or (isinstance(raw, str) and not raw.strip()):
+        return {}
+    if isinstance(raw, str) and raw.lstrip().startswith("{"):  # -s ...='{"dc": "dc.txt"}'
+        raw = _mapping(settings, "PROXY_SHARD_PROXIES_PATH")
+    if hasattr(raw, "copy_to_dict"):
+        raw = raw.copy_to_dict()
+    if isinstance(raw, (str, os.PathLike)):
+        raw = {default_pool: raw}
+    if not isinstance(raw, Mapping):
+        raise SettingError(f"PROXY_SHARD_PROXIES_PATH ({type(raw).__name__}) must be the path of a proxy list "
+                           "file, or {pool: path}")
+    out: dict[str, tuple[Proxy, ...]] = {}
+    for pool, path in raw.items():
+        try:
+            check_name("pool", pool)
+        except SettingError as exc:
+            raise SettingError(f"PROXY_SHARD_PROXIES_PATH: {exc}") from None
+        label = "PROXY_SHARD_PROXIES_PATH" if len(raw) == 1 and pool == default_pool else \
+            f"PROXY_SHARD_PROXIES_PATH[{pool!r}]"
+        if not isinstance(path, (str, os.PathLike)) or not os.fspath(path).strip():
+            raise SettingError(f"{label} ({type(path).__name__}) must be the path of a proxy list file")
+        out[pool] = _read_proxy_list(label, os.fspath(path).strip())
+    return out
+
+
+def _read_proxy_list(label: str, given: str) -> tuple[Proxy, ...]:
+    """One list file's proxies, or one SettingError line naming the path and the fix. Lines are shown
+    masked only (engine/proxyfile.py): a bad line never prints its password."""
+    path = os.path.abspath(os.path.expanduser(given))
+    shown = repr(path) if path == given else f"{given!r} ({path})"
+    try:
+        parsed = read_proxy_file(path)
+    except FileNotFoundError:
+        raise SettingError(f"{label}: no file {shown}: give the path of a proxy list file (one proxy per line), "
+                           f"absolute or relative to the directory scrapy runs in") from None
+    except IsADirectoryError:
+        raise SettingError(f"{label}: {shown} is a directory: give the path of a proxy list file") from None
+    except OSError as exc:
+        raise SettingError(f"{label}: cannot read {shown} ({exc.strerror or type(exc).__name__}): make it "
+                           f"readable by the user scrapy runs as") from None
+    except ProxyURLError as exc:  # not UTF-8 (names the line number, never its text)
+        raise SettingError(f"{label}: {exc}") from None
+    if parsed.errors:
+        first = parsed.errors[0]
+        more = len(parsed.errors) - 1
+        raise SettingError(
+            f"{label}: {path}:{first.line}: {first.message}" + (
+                f" (and {more} more bad line(s): `scrapy-proxy-shard load --dry-run {path}` lists them)"
+                if more else "")
+        )
+    if not parsed.proxies:
+        raise SettingError(f"{label}: no proxies in {shown} (one proxy per line; blank lines and # comments "
+                           "are skipped)")
+    for note in parsed.replaced:
+        logger.warning("proxy_shard: %(label)s: %(path)s: %(note)s", {"label": label, "path": path, "note": note})
+    return tuple(parsed.proxies)
 
 
 def _check_proxy_entry(pool: str, n: int, entry: Any) -> None:

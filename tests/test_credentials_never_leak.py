@@ -359,3 +359,39 @@ def test_the_spider_log_never_shows_the_secret(tmp_path, settings):
     log = proc.stdout + proc.stderr
     assert "proxy_shard" in log and "ERROR" in log, log[-3000:]  # the crawl did take the error path
     assert SECRET not in log, log[-3000:]
+
+
+ADDON_SPIDER = """
+import scrapy
+
+class Sweep(scrapy.Spider):
+    name = "sweep"
+    start_urls = ["http://shop.invalid/"]
+    custom_settings = {"ADDONS": {"scrapy_proxy_shard.addon.ProxyShardAddon": 0}}
+
+    def parse(self, response):
+        pass
+"""
+
+
+@pytest.mark.parametrize("kind", ["bad-lines", "two-urls-one-exit"])
+def test_a_proxy_list_file_never_shows_the_secret(tmp_path, kind):
+    """Issue 21: PROXY_SHARD_PROXIES_PATH, through a real crawl at DEBUG: bad lines (the crawl does not
+    start) and a file naming one exit twice with two passwords (a WARNING names both, masked)."""
+    port = free_port()  # nothing listens: every request fails at once
+    text = {"bad-lines": f"10.0.0.1:80\nhttp://u:{SECRET}\nu:{SECRET}\n10.0.0.1:80:{SECRET}\n",
+            "two-urls-one-exit": f"# one exit\nhttp://u:{SECRET}@127.0.0.1:{port}\nhttp://u:{SECRET}2@127.0.0.1:{port}\n"}
+    (tmp_path / "proxies.txt").write_text(text[kind])
+    (tmp_path / "sweep.py").write_text(ADDON_SPIDER)
+    proc = subprocess.run([sys.executable, "-m", "scrapy", "runspider", "sweep.py", "-s", "LOG_LEVEL=DEBUG",
+                           "-s", "TELNETCONSOLE_ENABLED=False", "-s", "PROXY_SHARD_MODE=embedded",
+                           "-s", "PROXY_SHARD_PROXIES_PATH=proxies.txt", "-s", "RETRY_ENABLED=False",
+                           "-s", "DOWNLOAD_TIMEOUT=5", "-s", "PROXY_SHARD_MAX_WAIT=2",
+                           "-s", "PROXY_SHARD_PAUSE_HORIZON=1", "-s", "CLOSESPIDER_TIMEOUT=10"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    log = proc.stdout + proc.stderr
+    if kind == "bad-lines":
+        assert proc.returncode != 0 and "proxy_shard: cannot start: PROXY_SHARD_PROXIES_PATH: " in log, log[-3000:]
+    else:
+        assert "line 3 (http://***:***@127.0.0.1" in log and "replaces line 2" in log, log[-3000:]
+    assert SECRET not in log, log[-3000:]

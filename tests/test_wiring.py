@@ -176,6 +176,19 @@ def test_addon_works_with_spider_custom_settings(tmp_path, world):
     assert_all_pages_through_proxies(crawl(project, world, "custom_pages"), world)
 
 
+def test_proxies_from_a_list_file_and_a_misspelt_pacing_setting_warns(tmp_path, world):
+    """Issue 21: PROXY_SHARD_PROXIES_PATH (relative to where scrapy runs: the project root) instead of
+    PROXY_SHARD_PROXIES; a misspelt non-coordination setting is one WARNING, and the crawl runs."""
+    project = make_project(tmp_path, world, ADDON + "\nPROXY_SHARD_PROXIES = None\n"
+                           "PROXY_SHARD_PROXIES_PATH = 'proxies.txt'\nPROXY_SHARD_MIN_INTERVALL = 1")
+    (project / "proxies.txt").write_text("# the fleet\n\n" + "\n".join(world.fleet.proxy_urls()) + "\n")
+    proc = crawl(project, world)
+    assert_all_pages_through_proxies(proc, world)
+    assert "pool 'default': 2 proxies added" in proc.stderr or "'default' (2 proxies)" in proc.stderr
+    typo = [line for line in proc.stderr.splitlines() if "PROXY_SHARD_MIN_INTERVALL" in line]
+    assert len(typo) == 1 and "WARNING" in typo[0] and "did you mean PROXY_SHARD_MIN_INTERVAL?" in typo[0]
+
+
 def test_explicit_wiring_next_to_the_project_middlewares(tmp_path, world):
     wiring = f"DOWNLOADER_MIDDLEWARES = {{'proj.middlewares.ProjDownloaderMiddleware': 543, " \
              f"{LEASE!r}: 610, {BAN!r}: 620, {GUARD!r}: 950}}"
@@ -221,6 +234,13 @@ CANNOT_START = {
                           "pool 'ghost' (namespace 'wiring', from PROXY_SHARD_SITE_POOLS) holds no proxies"),
     "bad setting": (ADDON + "\nPROXY_SHARD_MIN_INTERVAL = 'fast'",
                     "PROXY_SHARD_MIN_INTERVAL ('fast') must be a number"),
+    # Issue 21: a misspelt setting that decides what the hosts share stops the crawl; so does a
+    # list file that is not there.
+    "misspelt redis url": (ADDON + "\nPROXY_SHARD_REDIS_ULR = 'redis://:Secr3t@10.0.0.9:6379/0'",
+                           "PROXY_SHARD_REDIS_ULR is not a setting of scrapy-proxy-shard; did you mean "
+                           "PROXY_SHARD_REDIS_URL?"),
+    "missing list file": (ADDON + "\nPROXY_SHARD_PROXIES = None\nPROXY_SHARD_PROXIES_PATH = 'proxies.txt'",
+                          "PROXY_SHARD_PROXIES_PATH: no file 'proxies.txt' ("),
 }
 
 
@@ -324,8 +344,11 @@ def test_auto_mode_without_redis_says_hosts_do_not_coordinate(caplog):
 
     asyncio.run(go())
     engine = [r.getMessage() for r in caplog.records if "proxy_shard: engine " in r.getMessage()]
-    assert engine == ["proxy_shard: engine embedded (in-memory, this process only; no Redis), namespace "
-                      "'proxy_shard', host " + repr(mw.runtime.settings.host_id) + ", pools 'default' (2 proxies)"]
+    host = repr(mw.runtime.settings.host_id)
+    assert engine == ["proxy_shard: engine embedded engine (in-process, not shared with other hosts; no Redis), "
+                      "namespace 'proxy_shard', host " + host + ", pools 'default' (2 proxies)"]
+    # No line names the in-process engine by its fakeredis address, as if a Redis server were used.
+    assert "redis://" not in caplog.text and "Redis at" not in caplog.text
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "hosts do NOT coordinate" in warnings[0]
     assert "Pw0rd" not in caplog.text

@@ -238,7 +238,7 @@ class ShardRuntime:
                 raise UnknownPoolError(
                     f"pool {pool!r} (namespace {self.settings.namespace!r}, from {self._pool_source(pool, spider)}) "
                     f"holds no proxies: load some (scrapy-proxy-shard load --pool {pool} FILE, or "
-                    f"PROXY_SHARD_PROXIES) or fix the pool name"
+                    f"PROXY_SHARD_PROXIES / PROXY_SHARD_PROXIES_PATH) or fix the pool name"
                 )
         return sizes
 
@@ -264,9 +264,10 @@ class ShardRuntime:
             engine = f"redis at {where}" + (f" (fallback: {state})" if state and state != "redis" else
                                             " (local fallback on)" if s.fallback else " (no fallback)")
         elif s.mode == "static":
-            engine = f"static (this host's slice over hosts {', '.join(s.hosts)}; no Redis)"
+            engine = (f"static engine (in-process, not shared with other hosts: this host's slice over hosts "
+                      f"{', '.join(s.hosts)}; no Redis)")
         else:
-            engine = "embedded (in-memory, this process only; no Redis)"
+            engine = "embedded engine (in-process, not shared with other hosts; no Redis)"
         if s.redis_url_setting == "REDIS_URL" and s.mode == "redis" and not (s.redis_sentinels or s.redis_client):
             logger.info("proxy_shard: PROXY_SHARD_REDIS_URL is not set: the pool uses REDIS_URL (scrapy-redis' "
                         "setting), Redis at %(where)s", {"where": self.store.where})
@@ -706,7 +707,8 @@ class ShardRuntime:
     async def _restore_lost_pool(self, pool: str) -> bool:
         """Redis lost the pool (FLUSHALL, a restart without persistence, a failover to an empty
         replica): reload it from this host's snapshot (fallback store) or else from
-        ``PROXY_SHARD_PROXIES``, once per loss across all hosts (restore.lua decides), and say so.
+        ``PROXY_SHARD_PROXIES`` / ``PROXY_SHARD_PROXIES_PATH`` (as read at start), once per loss across
+        all hosts (restore.lua decides), and say so.
 
         Returns True when the pool holds proxies again (restored here or by another host just now).
         """
@@ -726,7 +728,8 @@ class ShardRuntime:
                 "restored %(n)d proxies and %(b)d running quarantines from %(source)s, usable after a "
                 "%(w)gs warm-up",
                 {"pool": pool, "n": restored, "b": bans,
-                 "source": "the snapshot" if snapshot else "PROXY_SHARD_PROXIES", "w": self.settings.fallback_warmup},
+                 "source": "the snapshot" if snapshot else "the settings (PROXY_SHARD_PROXIES / _PATH)",
+                 "w": self.settings.fallback_warmup},
             )
             return True
         return await self.store.pool_size(pool) > 0

@@ -119,6 +119,7 @@ class _StoreBase(_Leasing, _Admin, _Views, _Hosts, _Calls):
         site_idle_ttl: float = 3600.0,
         breakers: BreakerOptions | Callable[[str], BreakerOptions | None] | None = None,
         functions: bool = True,
+        engine_label: str | None = None,
     ) -> None:
         self.client = client
         self.namespace = keys.check_name("namespace", namespace)
@@ -132,7 +133,11 @@ class _StoreBase(_Leasing, _Admin, _Views, _Hosts, _Calls):
         #: Cluster clients (redis-py asks the server for an FCALL's keys on every call) and after a
         #: server showed it has no Functions or refused to load them (``_fcall_failed``, ``_load_failed``).
         self._functions = function_library() if functions and not _is_cluster(client) else None
-        self._where = mask(url_for_errors) if url_for_errors else _describe(client)
+        #: Where the engine runs, for messages: a Redis URL (password masked), or ``engine_label`` for
+        #: an in-process engine (modes/process.py), whose fakeredis address would read as a Redis server.
+        self._where = engine_label or (mask(url_for_errors) if url_for_errors else _describe(client))
+        #: The same as a noun phrase: "Redis at <url>", or the in-process engine's label.
+        self._location = engine_label or f"Redis at {self._where}"
         #: Lease calls whose reply was lost (timeout, broken connection): token -> (pool prefix, site,
         #: session id). The script may have run, or may still run; ``abandon.lua`` settles each at the
         #: next call.

@@ -97,8 +97,9 @@ def _fcall_failed(exc: redis.ResponseError) -> str:
 
 
 def _loaded(library: FunctionLibrary, where: str) -> str:
-    """FUNCTION LOAD succeeded: say so once (an operator sees the library in FUNCTION LIST)."""
-    logger.info("proxy_shard: loaded the lease/release Functions library %(name)s into Redis at %(where)s",
+    """FUNCTION LOAD succeeded: say so once (an operator sees the library in FUNCTION LIST). ``where``:
+    "Redis at <url>", or an in-process engine's label (never its fakeredis address)."""
+    logger.info("proxy_shard: loaded the lease/release Functions library %(name)s into %(where)s",
                 {"name": library.name, "where": where})
     return "fcall"
 
@@ -200,7 +201,7 @@ class _Calls:
                 except redis.ResponseError as load_exc:
                     step = _load_failed(load_exc, library)
                 else:
-                    step = _loaded(library, self._where)
+                    step = _loaded(library, self._location)
             if step == "fcall":
                 return (yield "send", sent)
             self._functions = None
@@ -253,12 +254,12 @@ class _Calls:
         kind = "LOADING" if isinstance(exc, redis.BusyLoadingError) else "BUSY"
         if self._busy_since is None:
             self._busy_since, self._busy_retries = now, 0
-            logger.warning("proxy_shard: Redis at %(where)s answers %(kind)s (%(e)s); calls wait and retry with "
+            logger.warning("proxy_shard: %(where)s answers %(kind)s (%(e)s); calls wait and retry with "
                            "backoff (up to %(s)gs each, then as a stalled Redis)",
-                           {"where": self._where, "kind": kind, "e": _busy_text(exc), "s": self.busy_wait})
+                           {"where": self._location, "kind": kind, "e": _busy_text(exc), "s": self.busy_wait})
         waited = now - first
         if waited >= self.busy_wait:
-            raise PoolBusy(f"Redis at {self._where} still answers {kind} after {now - self._busy_since:.1f}s: "
+            raise PoolBusy(f"{self._location} still answers {kind} after {now - self._busy_since:.1f}s: "
                            f"{_busy_text(exc)}", waited=now - self._busy_since)
         self._busy_retries += 1
         if self._on_busy_retry is not None:
@@ -269,16 +270,16 @@ class _Calls:
     def _busy_over(self) -> None:
         """Redis answered a request: end the BUSY/LOADING episode, if one ran."""
         if self._busy_since is not None:
-            logger.info("proxy_shard: Redis at %(where)s answers again after %(s).2fs busy or loading "
-                        "(%(n)d retries)", {"where": self._where, "s": time.monotonic() - self._busy_since,
+            logger.info("proxy_shard: %(where)s answers again after %(s).2fs busy or loading "
+                        "(%(n)d retries)", {"where": self._location, "s": time.monotonic() - self._busy_since,
                                             "n": self._busy_retries})
             self._busy_since = None
 
     def _backend_error(self, exc: Exception) -> PoolBackendError:
         if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
-            return PoolUnreachable(f"cannot reach Redis at {self._where}: {exc}",
+            return PoolUnreachable(f"cannot reach {self._location}: {exc}",
                                    timed_out=isinstance(exc, redis.TimeoutError))
-        return PoolBackendError(f"Redis at {self._where} answered with an error: {exc}")
+        return PoolBackendError(f"{self._location} answered with an error: {exc}")
 
 
 # --- helpers --------------------------------------------------------------------------------------

@@ -87,6 +87,19 @@ def server_users(kind: str, namespace: str) -> int:
         return entry[1] if entry is not None else 0
 
 
+#: What messages call each in-process engine (its ``where``): never its fakeredis address, which reads
+#: as if a Redis server were used (and so as if other hosts shared it).
+ENGINE_LABELS = {
+    "embedded": "the embedded engine (in-process, not shared with other hosts)",
+    "static": "the static engine (in-process, this host's slice, not shared with other hosts)",
+    "fallback": "the local fallback engine (in-process, this host's slice, not shared with other hosts)",
+}
+
+
+def engine_label(kind: str) -> str:
+    return ENGINE_LABELS.get(kind, f"the {kind} engine (in-process, not shared with other hosts)")
+
+
 class SharedEngineStore(AsyncPoolStore):
     """A store on the process's shared in-memory server; closing it gives its use of the server back."""
 
@@ -96,7 +109,7 @@ class SharedEngineStore(AsyncPoolStore):
         self._shared: tuple | None = (kind, namespace, acquire_server(kind, namespace))
         try:
             client = fakeredis.FakeAsyncRedis(server=self._shared[2], decode_responses=True)
-            super().__init__(client, namespace=namespace, **kwargs)
+            super().__init__(client, namespace=namespace, engine_label=engine_label(kind), **kwargs)
         except BaseException:
             release_server(*self._shared)
             raise

@@ -72,6 +72,13 @@ SECTIONS: tuple[Section, ...] = (
           "commas (a password may contain one). Every entry is validated at start. Two entries of one exit "
           "(`host:port`, plus a declared `#session=<token>`) are one proxy: the later wins, with one WARNING "
           "naming both entries (masked)", default="unset"),
+        S("PROXY_SHARD_PROXIES_PATH", "a proxy list file loaded (merged) when a spider opens, like "
+          "scrapy-rotating-proxies' `ROTATING_PROXY_LIST_PATH`: a path for `PROXY_SHARD_POOL`, or "
+          "`{pool: path}`, relative to the directory scrapy runs in. The format of `scrapy-proxy-shard load`: "
+          "one proxy per line (or CSV with the header `url,type,provider,country`), blank lines and `#` "
+          "comments skipped, every line validated at start; a bad line, a missing or unreadable file, or a "
+          "file with no proxies stops the crawl with one line naming the path (lines shown masked). Read once "
+          "at start. Setting it and `PROXY_SHARD_PROXIES` for one pool is an error: set one", default="unset"),
         S("PROXY_SHARD_PLATFORMS", "`{\"platform\": [sites]}`: each proxy serves one platform only (pool "
           "`<pool>.<platform>`)"),
         S("PROXY_SHARD_SITE_GROUPS", "`{\"group\": [\"site-a.com\", \"site-b.com\"]}`: sites that share a "
