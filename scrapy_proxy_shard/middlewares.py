@@ -340,6 +340,7 @@ class BanDetectionMiddleware:
         else:
             retry.meta["retry_times"] = retry_times
         retry.meta["proxy_shard_ban_retries"] = done + 1 if charge else done
+        browser.unbind(retry.meta)  # the context's kwargs hold the proxy's credentials: not into a queue
         return retry
 
 

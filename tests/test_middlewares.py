@@ -656,3 +656,30 @@ def test_the_site_key_comes_from_the_host_name_and_its_group():
         return slots
 
     assert run(scenario()) == ["shops", "shops", "shops", "example.org", "127.0.0.1"]
+
+
+def test_retries_carry_no_proxy_credentials_into_the_scheduler():
+    """A retry goes through the scheduler, whose queue may be scrapy-redis's (the shared Redis) or a
+    JOBDIR on disk: neither a ban retry nor Scrapy's own retry of a failed download may carry the
+    previous proxy's Proxy-Authorization header (its credentials, base64)."""
+    h = Harness(proxies=PROXIES[:1])
+    proxy_mw = HttpProxyMiddleware.from_crawler(h.crawler)
+
+    async def scenario():
+        await h.open()
+        request = Request("http://shop.example/item")
+        await h.lease_mw.process_request(request)
+        proxy_mw.process_request(request)
+        assert request.headers[b"Proxy-Authorization"].startswith(b"Basic ")
+        ban_retry = await h.respond(request, status=403, body=b"blocked")
+        assert isinstance(ban_retry, Request)
+        assert b"Proxy-Authorization" not in ban_retry.headers
+        h.admin.unban("default", request.meta["proxy_shard_proxy_id"], site="shop.example")
+        failing = Request("http://shop.example/other")
+        await h.lease_mw.process_request(failing)
+        proxy_mw.process_request(failing)
+        assert b"Proxy-Authorization" in failing.headers
+        await h.lease_mw.process_exception(failing, TimeoutError())  # before RetryMiddleware (550) copies it
+        assert b"Proxy-Authorization" not in failing.headers
+
+    run(scenario())

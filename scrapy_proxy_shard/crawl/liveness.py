@@ -265,7 +265,7 @@ class Liveness:
         meta = dict(request.meta)
         headers = request.headers.copy()
         if "_proxy_shard_proxy" in meta:
-            headers.pop(b"Proxy-Authorization", None)
+            headers.pop(browser.PROXY_AUTHORIZATION, None)
             for name in _LEASE_META:
                 meta.pop(name, None)
             if meta.pop(_OWN_SLOT, None) is not None:

@@ -21,6 +21,7 @@ from scrapy.utils.httpobj import urlparse_cached
 
 from scrapy_proxy_shard import signals as shard_signals
 from scrapy_proxy_shard.crawl.arrival import ArrivalGuard
+from scrapy_proxy_shard.crawl.browser import PROXY_AUTHORIZATION
 from scrapy_proxy_shard.crawl.content import ContentChecks
 from scrapy_proxy_shard.crawl.health import HostMonitor
 from scrapy_proxy_shard.crawl.liveness import Liveness, close_spider_soon
@@ -866,6 +867,10 @@ class ShardRuntime:
         entry = self._inflight.pop(request, None)
         if entry is None:
             return None
+        # The download is over: the proxy's credentials (HttpProxyMiddleware's header) are not needed
+        # again, and a retry copied from this request (Scrapy's RetryMiddleware, the ban retry) would
+        # carry them into the scheduler's queue: scrapy-redis's in the shared Redis, a JOBDIR on disk.
+        request.headers.pop(PROXY_AUTHORIZATION, None)
         lease = entry.lease
         self._held.pop(lease.token, None)
         latency = asyncio.get_running_loop().time() - entry.started if outcome == "ok" else None
