@@ -32,7 +32,7 @@ from typing import Any, NoReturn
 import click
 from click.core import ParameterSource
 
-from scrapy_proxy_shard import __version__
+from scrapy_proxy_shard._version import __version__
 from scrapy_proxy_shard.engine.exits import merge_exits
 from scrapy_proxy_shard.engine.proxies import PROXY_TYPES, Proxy, make_proxy, mask, parse_proxy, split_credentials
 from scrapy_proxy_shard.engine.schema import check_name
