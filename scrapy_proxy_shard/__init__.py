@@ -5,6 +5,7 @@ two hosts send from one IP to one site at the same moment; bans are quarantined 
 once; sticky sessions keep one IP for a session's lifetime.
 """
 
+from scrapy_proxy_shard._version import __version__
 from scrapy_proxy_shard.engine.proxies import Proxy, make_proxy, mask, parse_proxy, proxy_id
 from scrapy_proxy_shard.engine.store import AsyncPoolStore, Lease, LeaseWait, PoolBackend, PoolStore, ReleaseResult
 from scrapy_proxy_shard.exceptions import (
@@ -20,8 +21,6 @@ from scrapy_proxy_shard.exceptions import (
     UnknownPoolError,
 )
 from scrapy_proxy_shard.settings import ShardSettings
-
-__version__ = "0.1.0"
 
 __all__ = [
     "AsyncPoolStore",

@@ -56,10 +56,10 @@ def store(real_redis):
     return PoolStore(real_redis, namespace=NS, host_id="host-a")
 
 
-def run(env, *args, stdin: str | None = None) -> subprocess.CompletedProcess:
+def run(env, *args, stdin: str | None = None, cwd=None) -> subprocess.CompletedProcess:
     """The real entry point, in its own process."""
     proc = subprocess.run([sys.executable, "-m", "scrapy_proxy_shard", *args], env=env, input=stdin,
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=60, cwd=cwd)
     assert not any(s in proc.stdout + proc.stderr for s in SECRETS), proc.stdout + proc.stderr
     return proc
 
@@ -230,6 +230,146 @@ def test_ban_and_unban_per_site_and_proxy_wide(env, store):
     assert "quarantine lifted (proxy-wide)" in invoke(env, "unban", "--all", "10.1.0.2:3128").stdout
     unknown = invoke(env, "ban", "http://zed:Pw-Dave-11@10.9.9.9:1")
     assert unknown.exit_code == 1 and "http://***:***@10.9.9.9:1" in unknown.stderr
+
+
+def test_status_shows_a_proxy_wide_quarantine_as_banned_on_every_site(env, store):
+    """A proxy-wide quarantine is not written into the sites' slots (leases check it): the per-proxy
+    rows must still say banned, with the time until it ends, not free."""
+    store.add_proxies("default", ["10.1.0.2:3128", "10.1.0.3:3128"])
+    for site in ("shop.example", "other.example"):  # both sites learnt the pool, every slot free again
+        store.release(store.lease("default", site, ttl=5))
+    wide = invoke(env, "ban", "10.1.0.2:3128", "--ttl", "300", "--reason", "dead")
+    assert wide.exit_code == 0, wide.stderr
+    target = next(r.id for r in store.list_proxies("default") if "10.1.0.2" in r.proxy.masked)
+    rows = json.loads(invoke(env, "status", "--proxies", "--json").stdout)[0]["proxies_by_site"]
+    mine = [r for r in rows if r["id"] == target]
+    assert sorted(r["site"] for r in mine) == ["other.example", "shop.example"]
+    for row in mine:
+        assert (row["state"], row["ban_scope"], row["ban_reason"]) == ("banned", "*", "dead"), row
+        assert 250 < row["free_in"] <= 300
+    assert {r["state"] for r in rows if r["id"] != target} == {"free"}
+    text = invoke(env, "status", "--proxies").stdout
+    banned_lines = [line for line in text.splitlines() if target in line]
+    assert len(banned_lines) == 2 and all("banned" in line and "proxy-wide" in line for line in banned_lines)
+    invoke(env, "unban", "10.1.0.2:3128")
+    rows = json.loads(invoke(env, "status", "--proxies", "--json").stdout)[0]["proxies_by_site"]
+    assert {r["state"] for r in rows} == {"free"}
+
+
+def test_unban_all_without_a_proxy_lifts_every_quarantine_of_the_pool_after_asking(env, store):
+    store.add_proxies("default", ["http://alice:Pw-Alice-77@10.1.0.1:3128", "10.1.0.2:3128", "10.1.0.3:3128"])
+    store.add_proxies("other", ["10.1.0.9:3128"])
+    for ref, site in (("10.1.0.1:3128", "shop.example"), ("10.1.0.1:3128", "b.example"), ("10.1.0.2:3128", None)):
+        assert invoke(env, "ban", ref, *(("--site", site) if site else ())).exit_code == 0
+    assert invoke(env, "--pool", "other", "ban", "10.1.0.9:3128").exit_code == 0
+    assert len(store.bans("default")) == 3
+
+    no = run(env, "unban", "--all", stdin="n\n")  # the real prompt, in its own process
+    assert no.returncode == 1 and "Aborted" in no.stderr
+    assert ("Lift 3 running quarantine(s) of pool 'default' (2 on a site, 1 proxy-wide; 2 proxies)?"
+            in no.stderr), no.stderr
+    assert no.stdout == "" and len(store.bans("default")) == 3  # the prompt is on stderr; nothing lifted
+
+    yes = invoke(env, "unban", "--all", stdin="y\n")
+    assert yes.exit_code == 0, yes.stderr
+    assert "pool 'default': 3 quarantine(s) lifted (2 on a site, 1 proxy-wide)" in yes.stdout
+    assert store.bans("default") == [] and len(store.bans("other")) == 1  # one pool only
+    for _ in range(3):  # every proxy leases again on the site it was banned from
+        lease = store.lease("default", "shop.example", ttl=5)
+        assert isinstance(lease, Lease)
+    assert "pool 'default': no quarantine to lift" in invoke(env, "unban", "--all").stdout
+
+    quiet = invoke(env, "--pool", "other", "unban", "--all", "--yes")  # --yes: no question asked
+    assert quiet.exit_code == 0 and "Lift" not in quiet.stderr and "1 quarantine(s) lifted" in quiet.stdout
+    assert store.bans("other") == []
+    bare = invoke(env, "unban")
+    assert bare.exit_code == 2 and "--all" in bare.stderr
+    assert invoke(env, "--pool", "nope", "unban", "--all", "--yes").exit_code == 1
+
+
+def test_version_is_the_packages_one(env):
+    from scrapy_proxy_shard import __version__
+
+    for args in (["--version"], ["-V"]):
+        proc = run(env, *args)
+        assert proc.returncode == 0 and proc.stdout.strip() == f"scrapy-proxy-shard, version {__version__}"
+        assert proc.stderr == ""
+
+
+def _project(root, settings: str, module: str = "projx"):
+    """A Scrapy project as `scrapy startproject` lays it out: scrapy.cfg naming module.settings."""
+    (root / module).mkdir(parents=True)
+    (root / "scrapy.cfg").write_text(f"[settings]\ndefault = {module}.settings\n")
+    (root / module / "__init__.py").write_text("")
+    (root / module / "settings.py").write_text(f'BOT_NAME = "{module}"\n' + settings)
+    (root / module / "spiders").mkdir()
+    (root / module / "spiders" / "__init__.py").write_text("")
+    return root
+
+
+def _project_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PROXY_SHARD_", "SCRAPY_")) and k != "REDIS_URL"}
+    return {**env, **extra}
+
+
+def test_inside_a_scrapy_project_its_settings_are_used_and_said(tmp_path, redis_server, real_redis):
+    project = _project(tmp_path / "proj", f'PROXY_SHARD_REDIS_URL = "{redis_server.url}"\n'
+                                          'PROXY_SHARD_NAMESPACE = "projns"\nPROXY_SHARD_POOL = "dc"\n')
+    inside = project / "projx" / "spiders"  # scrapy.cfg is found upward, as `scrapy` commands find it
+    added = run(_project_env(), "add", "10.1.0.7:3128", cwd=inside)
+    assert added.returncode == 0, added.stderr
+    assert "pool 'dc': 1 added" in added.stdout
+    said = added.stderr.strip().splitlines()
+    assert said == [f"scrapy-proxy-shard: Scrapy project projx.settings: Redis {redis_server.url} (project), "
+                    "namespace 'projns' (project), pool for changes 'dc' (project)"]
+    assert PoolStore(real_redis, namespace="projns").pool_size("dc") == 1
+    # Views still show every pool of the namespace (the project's pool is where changes go, not a filter).
+    PoolStore(real_redis, namespace="projns").add_proxies("res", ["10.1.0.8:3128"])
+    pools = json.loads(run(_project_env(), "pools", "--json", cwd=project).stdout)
+    assert [p["pool"] for p in pools] == ["dc", "res"]
+
+    # An option and a PROXY_SHARD_* variable win over the project, and the line says so.
+    env = _project_env(PROXY_SHARD_NAMESPACE="envns")
+    over = run(env, "--pool", "res2", "add", "10.1.0.9:3128", cwd=project)
+    assert over.returncode == 0, over.stderr
+    assert "namespace 'envns' (PROXY_SHARD_NAMESPACE), pool for changes 'res2' (--pool)" in over.stderr
+    assert PoolStore(real_redis, namespace="envns").pool_size("res2") == 1
+    opt = run(env, "--namespace", "optns", "add", "10.1.0.9:3128", cwd=project)
+    assert "namespace 'optns' (--namespace)" in opt.stderr and "pool for changes 'dc' (project)" in opt.stderr
+
+    # A generic REDIS_URL in the environment (scrapy-redis's) does not beat the project's own setting...
+    dead = f"redis://127.0.0.1:{free_port()}/0"
+    generic = run(_project_env(REDIS_URL=dead), "pools", cwd=project)
+    assert generic.returncode == 0 and f"Redis {redis_server.url} (project)" in generic.stderr
+    # ...and a project with only scrapy-redis's REDIS_URL setting is read as the crawl reads it.
+    only = _project(tmp_path / "sr", f'REDIS_URL = "{redis_server.url}"\nPROXY_SHARD_NAMESPACE = "projns"\n')
+    sr = run(_project_env(), "pools", cwd=only)
+    assert sr.returncode == 0 and f"Redis {redis_server.url} (project REDIS_URL)" in sr.stderr
+    assert "pool for changes 'default' (default)" in sr.stderr
+
+    # Outside a project nothing is said (and the defaults or the environment apply as before).
+    outside = run(_project_env(PROXY_SHARD_REDIS_URL=redis_server.url, PROXY_SHARD_NAMESPACE="projns"), "pools",
+                  cwd=tmp_path)
+    assert outside.returncode == 0 and outside.stderr == ""
+
+
+def test_a_bad_or_broken_project_setting_is_one_line(tmp_path, redis_server):
+    bad = _project(tmp_path / "bad", 'PROXY_SHARD_REDIS_URL = "http://u:Pw-Bob-88@h:1"\n')
+    proc = run(_project_env(), "pools", cwd=bad)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "Error: PROXY_SHARD_REDIS_URL in the Scrapy project's settings: 'http://***:***@h:1' must start with "
+        "redis://, rediss:// or unix://"]
+    bad_pool = _project(tmp_path / "badpool", 'PROXY_SHARD_POOL = "no pool!"\n')
+    proc = run(_project_env(), "pools", cwd=bad_pool)
+    assert proc.returncode == 2 and "PROXY_SHARD_POOL in the Scrapy project's settings" in proc.stderr
+    # A settings module that does not import: a warning naming where (never quoting the line), then on.
+    broken = _project(tmp_path / "broken", 'PROXY_SHARD_REDIS_URL = "redis://:Pw-Bob-88@h:1"\nraise_here(1)\n')
+    proc = run(_project_env(PROXY_SHARD_REDIS_URL=redis_server.url, PROXY_SHARD_NAMESPACE=NS), "add", "10.1.0.2:1",
+               cwd=broken)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "scrapy-proxy-shard: warning: cannot read the Scrapy project's settings (projx.settings: NameError at "
+        "settings.py:3); using options, environment and defaults"]
 
 
 def test_watch_refreshes_status(env, busy_pool):

@@ -540,10 +540,11 @@ def test_server_thread_reports_start_failure() -> None:
 
 
 def test_demo_refuses_in_one_line_without_example_project(tmp_path):
-    """A wheel has no example_project/: the demo must say so before it spawns anything."""
+    """No Scrapy project where the demo looks (a broken install): it says so before it spawns anything.
+    (A wheel ships one: tests/test_wheel.py runs the demo from an installed wheel.)"""
     from scrapy_proxy_shard.demo.run import DemoConfig, DemoSetupError, require_project, run_demo
 
-    with pytest.raises(DemoSetupError, match="source checkout") as info:
+    with pytest.raises(DemoSetupError, match="project is missing") as info:
         run_demo(DemoConfig(project=tmp_path / "example_project", progress=False))
     assert "\n" not in str(info.value) and str(tmp_path) in str(info.value)
     require_project(DemoConfig().project)  # a source checkout passes

@@ -215,6 +215,42 @@ def test_a_crawl_registers_beats_logs_its_pool_line_and_leaves_at_close(caplog):
     assert "Pa55word" not in caplog.text
 
 
+def test_hosts_lists_a_crawl_only_under_the_pools_it_leases_from():
+    """A pool the crawl loads (PROXY_SHARD_PROXIES) but never leases from does not list it (it did: the
+    loaded pools were joined at open like the spider's own); once it leases there, it is listed."""
+    server = fakeredis.FakeServer()
+    admin = PoolStore(fakeredis.FakeRedis(server=server, decode_responses=True), namespace="t")
+    admin.add_proxies(POOL, URLS)
+    admin.add_proxies("idle", URLS[1:])
+    crawler = _crawler(server, PROXY_SHARD_PROXIES={"spare": URLS[1:]}, PROXY_SHARD_LOGSTATS_INTERVAL=0)
+    lease_mw = build_from_crawler(ProxyShardMiddleware, crawler)
+    ban_mw = build_from_crawler(BanDetectionMiddleware, crawler)
+    runtime = lease_mw.runtime
+
+    async def fetch(request: Request) -> None:
+        await lease_mw.process_request(request)
+        await ban_mw.process_response(request, HtmlResponse(request.url, body=b"<html>ok</html>" * 50,
+                                                            request=request))
+
+    async def scenario():
+        await runtime.spider_opened(crawler.spider)
+        assert admin.pool_size("spare") == 2  # loaded at open
+        for n in range(3):
+            await fetch(Request(f"http://shop.example/{n}"))
+        await asyncio.sleep(0.4)  # several beats, and a recheck of the idle pools
+        before = {pool: [h.host for h in admin.hosts(pool)] for pool in (POOL, "spare", "idle")}
+        await fetch(Request("http://shop.example/spare", meta={"proxy_pool": "spare"}))
+        await asyncio.sleep(0.6)
+        after = [(h.host, h.info["spider"]) for h in admin.hosts("spare")]
+        await runtime.spider_closed(crawler.spider, "finished")
+        return before, after
+
+    before, after = asyncio.run(scenario())
+    assert before == {POOL: ["crawl-1"], "spare": [], "idle": []}
+    assert after == [("crawl-1", "shop")]
+    assert admin.hosts("spare") == []  # left at close
+
+
 def test_a_failing_heartbeat_warns_once_and_never_stops_the_crawl(caplog):
     class DownStore:
         calls = 0

@@ -1,6 +1,6 @@
 """The package's import graph points one way and has no cycles (docs/architecture.md draws it).
 
-Layers, lowest first: ``exceptions``/``signals`` → ``engine`` (the pool: no Scrapy) → ``settings`` →
+Layers, lowest first: ``_version``/``exceptions``/``signals`` → ``engine`` (the pool: no Scrapy) → ``settings`` →
 ``modes`` (where the engine runs) → ``crawl`` + ``policy`` (the Scrapy side) → ``ops`` (operator tools)
 → the public entry points (``middlewares``, ``addon``, ``__init__``, ``__main__``) → ``reference`` (the tables
 the docs are generated from: they may read any layer, nothing imports them). A module imports only
@@ -19,7 +19,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "scrapy_proxy_shard"
 NAME = "scrapy_proxy_shard"
 
 RANK = {
-    "exceptions": 0, "signals": 0,
+    "_version": 0, "exceptions": 0, "signals": 0,
     "engine": 1,
     "settings": 2,
     "modes": 3,

@@ -80,10 +80,12 @@ class HostMonitor:
 
     @classmethod
     def for_runtime(cls, runtime: Any, spider: Any, pool: str) -> HostMonitor:
-        """The spider's pool and the pools it loads are joined at once; any other pool the crawl leases
-        from (``meta['proxy_pool']``, ``PROXY_SHARD_SITE_POOLS``, platforms) within a few beats."""
+        """The spider's pool is joined at once; any other pool the crawl leases from (``meta['proxy_pool']``,
+        ``PROXY_SHARD_SITE_POOLS``, platforms) within a few beats of its first lease there. A pool the crawl
+        only loads (``PROXY_SHARD_PROXIES``) is not joined until it leases there: ``hosts`` listed a crawl
+        under such a pool, and an outage's fallback gave it a slice of a pool it does not use."""
         s: ShardSettings = runtime.settings
-        return cls(runtime.store, s, pools=[pool, *s.proxies], stats=runtime.stats,
+        return cls(runtime.store, s, pools=[pool], stats=runtime.stats,
                    spider_name=getattr(spider, "name", None), on_taken=runtime.host_id_taken)
 
     async def start(self) -> None:

@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from scrapy_proxy_shard.demo.redis_server import terminate
+from scrapy_proxy_shard.demo.run import default_project
 
 #: The Debian packages the stack runs on (``apt-get install nginx libnginx-mod-http-echo tinyproxy``).
 APT_PACKAGES = ("nginx", "libnginx-mod-http-echo", "tinyproxy")
@@ -567,7 +568,8 @@ def analyze_access_log(entries: list[dict], *, interval: float, proxy_ips: list[
 
 # --- real crawls through the stack --------------------------------------------------------------------
 
-EXAMPLE_PROJECT = Path(__file__).resolve().parents[2] / "example_project"
+#: The demo's Scrapy project (catalog spider): the wheel's copy, else the checkout's.
+EXAMPLE_PROJECT = default_project()
 
 
 @dataclass

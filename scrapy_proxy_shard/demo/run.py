@@ -54,7 +54,7 @@ class DemoConfig:
     sites: tuple[str, ...] = DEFAULT_SITES
     proxies: int = 12
     burnt: dict[str, tuple[str, ...]] = field(default_factory=lambda: dict(DEFAULT_BURNT))
-    project: Path = field(default_factory=lambda: Path(__file__).resolve().parents[2] / "example_project")
+    project: Path = field(default_factory=lambda: default_project())
     workdir: Path | None = None
     timeout: float = 300.0
     progress: bool = True
@@ -229,12 +229,20 @@ class DemoSetupError(RuntimeError):
     """The demo cannot start here (said in one line, before anything is spawned)."""
 
 
+def default_project() -> Path:
+    """The demo's Scrapy project: the copy an installed wheel ships (``demo/example_project/``, put there
+    by setup.py), else a checkout's ``example_project/`` (an editable install, or the source tree)."""
+    here = Path(__file__).resolve().parent
+    shipped, checkout = here / "example_project", here.parents[1] / "example_project"
+    return shipped if (shipped / "scrapy.cfg").is_file() else checkout
+
+
 def require_project(project: Path) -> None:
-    """Refuse early when ``example_project/`` is absent: a wheel install does not ship it."""
+    """Refuse early when the demo's Scrapy project is absent (a broken install, a wrong ``project``)."""
     if not (project / "scrapy.cfg").is_file():
         raise DemoSetupError(
-            f"the demo needs example_project/ (looked in {project}), which only a source checkout has: "
-            "run `python -m scrapy_proxy_shard.demo` from a clone of the scrapy-proxy-shard repository"
+            f"the demo's Scrapy project is missing (no scrapy.cfg in {project}): reinstall scrapy-proxy-shard "
+            "from its wheel or sdist, or run `python -m scrapy_proxy_shard.demo` from a clone of the repository"
         )
 
 

@@ -8,6 +8,11 @@ Exit codes: 0 done; 1 operational error (Redis unreachable — except for ``metr
 ``Error: ...`` line on stderr, never a traceback; 2 usage or validation error (bad option, bad
 proxy line; click's own usage errors are 2 too). Output never holds a credential: proxies show as
 id and masked URL, the Redis URL is masked in errors.
+
+Inside a Scrapy project (a ``scrapy.cfg`` in the working directory or above it, or
+``SCRAPY_SETTINGS_MODULE``, as for ``scrapy`` commands) the Redis URL, namespace, default pool and
+Cluster/Sentinel settings come from the project's settings unless an option or a ``PROXY_SHARD_*``
+environment variable gives them; one line on stderr says where each came from.
 """
 
 from __future__ import annotations
@@ -19,12 +24,15 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import click
+from click.core import ParameterSource
 
+from scrapy_proxy_shard._version import __version__
 from scrapy_proxy_shard.engine.exits import merge_exits
 from scrapy_proxy_shard.engine.proxies import PROXY_TYPES, Proxy, make_proxy, mask, parse_proxy, split_credentials
 from scrapy_proxy_shard.engine.schema import check_name
@@ -72,8 +80,10 @@ class Ctx:
     namespace: str
     pool: str | None
     cluster: bool = False
-    sentinels: str | None = None
+    sentinels: str | list[str] | None = None
     sentinel_master: str | None = None
+    #: The pool a change applies to without --pool: the Scrapy project's PROXY_SHARD_POOL, else "default".
+    default_pool: str = DEFAULT_POOL
     _store: PoolStore | None = None
 
     @property
@@ -93,8 +103,8 @@ class Ctx:
 
     @property
     def target_pool(self) -> str:
-        """The pool a change applies to: ``--pool``, else ``default``."""
-        return self.pool or DEFAULT_POOL
+        """The pool a change applies to: ``--pool``, else the project's ``PROXY_SHARD_POOL``, else ``default``."""
+        return self.pool or self.default_pool
 
     def close(self) -> None:
         if self._store is not None:
@@ -155,20 +165,118 @@ def _check_name(kind: str) -> Callable[[click.Context, click.Parameter, Any], An
 @click.option("--namespace", envvar="PROXY_SHARD_NAMESPACE", default="proxy_shard", show_default=True,
               show_envvar=True, callback=_check_name("namespace"), help="Key prefix (PROXY_SHARD_NAMESPACE).")
 @click.option("--pool", envvar="PROXY_SHARD_POOL", default=None, show_envvar=True, callback=_check_name("pool"),
-              help="Pool to act on. Changes default to 'default'; views default to every pool.")
+              help="Pool to act on. Changes default to 'default' (in a Scrapy project: its PROXY_SHARD_POOL); "
+                   "views default to every pool.")
 @click.option("--cluster", is_flag=True, envvar="PROXY_SHARD_REDIS_CLUSTER", show_envvar=True,
               help="The URL names a Redis Cluster node.")
 @click.option("--sentinels", envvar="PROXY_SHARD_REDIS_SENTINELS", show_envvar=True, metavar="HOST:PORT,...",
               help="Find the master through these Sentinels (with --sentinel-master).")
 @click.option("--sentinel-master", envvar="PROXY_SHARD_REDIS_SENTINEL_MASTER", show_envvar=True,
               help="Name of the master the Sentinels watch.")
-@click.version_option(package_name="scrapy-proxy-shard")
+@click.version_option(__version__, "-V", "--version", prog_name="scrapy-proxy-shard")
 @click.pass_context
 def cli(ctx: click.Context, redis_url: str, namespace: str, pool: str | None, cluster: bool,
         sentinels: str | None, sentinel_master: str | None) -> None:
-    """See and change the proxy pool shared by Scrapy processes on many hosts, while they run."""
+    """See and change the proxy pool shared by Scrapy processes on many hosts, while they run.
+
+    Inside a Scrapy project, its settings give the Redis URL, namespace and default pool unless an
+    option or a PROXY_SHARD_* environment variable does.
+    """
     ctx.obj = Ctx(redis_url, namespace, pool, cluster, sentinels, sentinel_master)
+    _apply_project_settings(ctx, ctx.obj)
     ctx.call_on_close(ctx.obj.close)
+
+
+# --- a Scrapy project's settings -------------------------------------------------------------------
+
+#: Ctx field -> (option, the project setting(s) read, first wins; environment variables that beat the project).
+_FROM_PROJECT: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
+    "redis_url": ("--redis-url", ("PROXY_SHARD_REDIS_URL", "REDIS_URL"), ("PROXY_SHARD_REDIS_URL",)),
+    "namespace": ("--namespace", ("PROXY_SHARD_NAMESPACE",), ("PROXY_SHARD_NAMESPACE",)),
+    "default_pool": ("--pool", ("PROXY_SHARD_POOL",), ("PROXY_SHARD_POOL",)),
+    "cluster": ("--cluster", ("PROXY_SHARD_REDIS_CLUSTER",), ("PROXY_SHARD_REDIS_CLUSTER",)),
+    "sentinels": ("--sentinels", ("PROXY_SHARD_REDIS_SENTINELS",), ("PROXY_SHARD_REDIS_SENTINELS",)),
+    "sentinel_master": ("--sentinel-master", ("PROXY_SHARD_REDIS_SENTINEL_MASTER",),
+                        ("PROXY_SHARD_REDIS_SENTINEL_MASTER",)),
+}
+
+
+def _project_settings() -> tuple[str, Any] | None:
+    """``(settings module, Settings)`` of the Scrapy project around the working directory, found as
+    ``scrapy`` commands find it (``scrapy.cfg`` upward, ``SCRAPY_SETTINGS_MODULE``); None outside one."""
+    from scrapy.utils.project import ENVVAR, get_project_settings, inside_project
+
+    if not inside_project():
+        return None
+    try:
+        settings = get_project_settings()
+    except Exception as exc:  # the project's own settings module failed to import: say so, go on without it
+        # Where, not what: the message of an error in a settings file may quote a line holding a password.
+        click.echo(f"scrapy-proxy-shard: warning: cannot read the Scrapy project's settings "
+                   f"({os.environ.get(ENVVAR) or 'scrapy.cfg'}: {type(exc).__name__}{_where(exc)}); using options, "
+                   "environment and defaults", err=True)
+        return None
+    return os.environ.get(ENVVAR) or "scrapy.cfg", settings
+
+
+def _where(exc: BaseException) -> str:
+    """`` at FILE:LINE`` of an exception (the innermost frame, or a SyntaxError's own place), or ""."""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f" at {os.path.basename(exc.filename)}:{exc.lineno}"
+    frames = traceback.extract_tb(exc.__traceback__)
+    return f" at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno}" if frames else ""
+
+
+def _apply_project_settings(ctx: click.Context, obj: Ctx) -> None:
+    """Inside a Scrapy project: fill what no option and no PROXY_SHARD_* variable gave from the project's
+    settings (``REDIS_URL`` too, as the crawl falls back to it), and say in one stderr line where each
+    value came from. Outside one: nothing (and nothing printed)."""
+    found = _project_settings()
+    if found is None:
+        return
+    module, settings = found
+    sources = {}
+    for name, (option, setting_names, env_names) in _FROM_PROJECT.items():
+        param = "pool" if name == "default_pool" else name
+        source = ctx.get_parameter_source(param)
+        if source is ParameterSource.COMMANDLINE:
+            sources[name] = option
+            continue
+        env = next((e for e in env_names if os.environ.get(e)), None)
+        if source is ParameterSource.ENVIRONMENT and env:
+            sources[name] = env
+            continue
+        setting = next((s for s in setting_names if settings.get(s) not in (None, "")), None)
+        if setting is None:
+            sources[name] = "environment REDIS_URL" if source is ParameterSource.ENVIRONMENT else "default"
+            continue
+        setattr(obj, name, _project_value(name, setting, settings))
+        sources[name] = "project" if setting == setting_names[0] else f"project {setting}"
+    shown = [f"Redis {mask(obj.redis_url)} ({sources['redis_url']})",
+             f"namespace {obj.namespace!r} ({sources['namespace']})",
+             f"pool for changes {obj.target_pool!r} ({sources['default_pool']})"]
+    if obj.cluster:
+        shown.append(f"Redis Cluster ({sources['cluster']})")
+    if obj.sentinels:
+        shown.append(f"Sentinel master {obj.sentinel_master!r} ({sources['sentinel_master']})")
+    click.echo(f"scrapy-proxy-shard: Scrapy project {module}: {', '.join(shown)}", err=True)
+
+
+def _project_value(name: str, setting: str, settings: Any) -> Any:
+    """A project setting checked as its option is; InputError (exit 2) naming the setting otherwise."""
+    value = settings.get(setting)
+    try:
+        if name == "redis_url":
+            if not isinstance(value, str) or not value.startswith(("redis://", "rediss://", "unix://")):
+                raise SettingError(f"{mask(str(value))!r} must start with redis://, rediss:// or unix://")
+            return value
+        if name in ("namespace", "default_pool"):
+            return check_name("namespace" if name == "namespace" else "pool", value)
+        if name == "cluster":
+            return settings.getbool(setting)
+        return value
+    except (SettingError, ValueError) as exc:
+        raise InputError(f"{setting} in the Scrapy project's settings: {exc}") from None
 
 
 def _json(value: Any) -> None:
@@ -323,14 +431,22 @@ def ban(obj: Ctx, proxy: str, site: str | None, ttl: float | None, reason: str) 
 
 
 @cli.command()
-@click.argument("proxy")
+@click.argument("proxy", required=False)
 @click.option("--site", help="Lift the quarantine on this site; default: the proxy-wide one.")
-@click.option("--all", "all_", is_flag=True, help="Lift every quarantine of the proxy (every site and proxy-wide).")
+@click.option("--all", "all_", is_flag=True, help="Lift every quarantine of PROXY (every site and proxy-wide); "
+              "without PROXY, every quarantine of the pool (asks first).")
+@click.option("--yes", "-y", is_flag=True, help="With --all and no PROXY: do not ask before lifting.")
 @click.pass_obj
-def unban(obj: Ctx, proxy: str, site: str | None, all_: bool) -> None:
-    """Lift a quarantine of PROXY (id or URL) now; its strikes are forgotten too."""
+def unban(obj: Ctx, proxy: str | None, site: str | None, all_: bool, yes: bool) -> None:
+    """Lift a quarantine of PROXY (id or URL) now, or with --all and no PROXY every quarantine of the
+    pool; the strikes are forgotten too."""
     if all_ and site:
         raise click.UsageError("--site and --all exclude each other")
+    if proxy is None:
+        if not all_:
+            raise click.UsageError("name a PROXY, or pass --all to lift every quarantine of the pool")
+        _unban_pool(obj, yes)
+        return
     pid = _resolve_one(obj, proxy)
     store = obj.store
     if all_:
@@ -344,6 +460,31 @@ def unban(obj: Ctx, proxy: str, site: str | None, all_: bool) -> None:
     else:
         where = "on any site" if all_ else ("proxy-wide" if scopes == ["*"] else f"on {scopes[0]}")
         click.echo(f"proxy {pid} ({_masked(obj, pid)}): no quarantine {where}")
+
+
+def _unban_pool(obj: Ctx, yes: bool) -> None:
+    """``unban --all``: every quarantine entry of the pool (running ones, and ended ones whose strikes are
+    remembered for escalation), after a confirmation on stderr that says how many."""
+    pool, store = obj.target_pool, obj.store
+    if pool not in store.pools() and store.pool_size(pool) == 0:
+        raise OperationalError(f"pool {pool!r} does not exist in namespace {obj.namespace!r}")
+    entries = store.bans(pool)
+    now = store.server_time()
+    running = [b for b in entries if b.until > now]
+    if not entries:
+        click.echo(f"pool {pool!r}: no quarantine to lift")
+        return
+    wide = sum(1 for b in running if b.scope == "*")
+    what = (f"{len(running)} running quarantine(s) of pool {pool!r} ({len(running) - wide} on a site, {wide} "
+            f"proxy-wide; {len({b.proxy_id for b in running})} proxies)")
+    ended = len(entries) - len(running)
+    if ended:
+        what += f" and forget the strikes of {ended} ended one(s)"
+    if not yes:
+        click.confirm(f"Lift {what}?", abort=True, err=True)
+    lifted = sum(1 for b in entries if store.unban(pool, b.proxy_id, site=None if b.scope == "*" else b.scope))
+    click.echo(f"pool {pool!r}: {len(running)} quarantine(s) lifted ({len(running) - wide} on a site, {wide} "
+               f"proxy-wide), {lifted} entries cleared (strikes forgotten)")
 
 
 # --- views -----------------------------------------------------------------------------------------

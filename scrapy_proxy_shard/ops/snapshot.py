@@ -221,8 +221,16 @@ class PoolSnapshot:
             for record in self.records:
                 mine = busy.get(record.id, [])
                 state = max((s.state for s in mine), key=_PRECEDENCE.__getitem__, default="free")
-                ban = running.get((status.site, record.id)) or running.get(("*", record.id))
+                # The quarantine that ends last decides when the proxy is usable on the site again.
+                ban = max((b for b in (running.get((status.site, record.id)), running.get(("*", record.id))) if b),
+                          key=lambda b: b.until, default=None)
                 until = max((s.until for s in mine), default=None)
+                if ban is not None and state in ("free", "cooling"):
+                    # A proxy-wide quarantine is never written into the sites' slots (the lease script
+                    # checks it), so its free slots look free to pool_status: it is banned here all the same.
+                    state = "banned"
+                if ban is not None and state == "banned":
+                    until = max(until or 0.0, ban.until)
                 holder = next((s.host for s in mine if s.host), None)
                 rows.append(ProxySiteRow(
                     status.site, record.id, record.proxy.masked, state, len(mine), slots, until,
