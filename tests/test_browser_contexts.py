@@ -97,10 +97,10 @@ def lease(n, site="shop.example", pool="default"):
     return SimpleNamespace(proxy_id=f"p{n}", proxy_url=f"http://u:pw{n}@10.0.0.{n}:3128", site=site, pool=pool)
 
 
-def contexts(max_contexts=8, store=None, clock=None, session_ttl=60.0):
+def contexts(max_contexts=8, store=None, clock=None, session_ttl=60.0, hard=False):
     handler, stats = FakeHandler(), Stats()
     made = BrowserContexts(None, store=lambda: store, max_contexts=max_contexts, session_ttl=session_ttl,
-                           stats=stats, handlers=lambda: [handler], clock=clock or Clock())
+                           stats=stats, handlers=lambda: [handler], clock=clock or Clock(), hard=hard)
     return made, handler, stats
 
 
@@ -172,6 +172,27 @@ def test_the_bound_closes_the_least_recently_used_idle_context_never_one_in_use(
         ctxs.finished(third)  # p3 idle now: closed, back at the bound
         await settle()
         assert context_name("p3", lease(3).proxy_url) in handler.closed and len(handler.context_wrappers) == 2
+
+    asyncio.run(scenario())
+
+
+def test_under_playwright_max_contexts_a_new_context_waits_for_an_idle_one():
+    """scrapy-playwright would wait for a free context inside its context lock, where requests bound
+    to open contexts queue too; the plugin waits before the download instead, and counts the others'."""
+
+    async def scenario():
+        ctxs, handler, stats = contexts(max_contexts=3, hard=True)
+        handler.context_wrappers["mine"] = SimpleNamespace(context=FakeContext(handler, "mine"))  # a user's
+        first, page = await fetch(ctxs, handler, 1, close=False)
+        second, _ = await fetch(ctxs, handler, 2, close=False)
+        third = asyncio.ensure_future(fetch(ctxs, handler, 3))
+        await asyncio.sleep(0.05)
+        assert not third.done() and stats.get("waits") == 1  # 2 of 3 are the plugin's, both in use
+        await page.close()
+        ctxs.finished(first)
+        await asyncio.wait_for(third, 2)
+        assert handler.closed == [first.meta["playwright_context"]]
+        assert len(handler.context_wrappers) == 3 and second.meta["playwright_context"] in handler.context_wrappers
 
     asyncio.run(scenario())
 

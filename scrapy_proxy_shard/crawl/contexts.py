@@ -12,10 +12,13 @@ is open; a context in use is never closed. A context is closed:
   URL changed (a password rotation): *retired*, it takes no new request and is closed once idle;
 - when the session it belongs to ends (``meta['proxy_shard_end_session']``), is rebound to another
   proxy, or lay unused for ``PROXY_SHARD_SESSION_TTL`` (the engine forgets it then too);
-- when the plugin's contexts reach the bound (``PLAYWRIGHT_MAX_CONTEXTS``, else ``DEFAULT_MAX_CONTEXTS``)
-  and one more is needed: the least recently used idle one. With every context in use, the new one
-  is made past the bound (scrapy-playwright's own ``PLAYWRIGHT_MAX_CONTEXTS`` semaphore then makes
-  it wait for the first close, which comes as soon as one is idle).
+- when the plugin's contexts reach the bound and one more is needed: the least recently used idle
+  one. The bound is ``PLAYWRIGHT_MAX_CONTEXTS`` less the contexts that are not the plugin's (a user's
+  ``PLAYWRIGHT_CONTEXTS``); with every context in use, the request waits (holding its lease, before
+  its download) until one is idle. scrapy-playwright itself would wait for a free context inside its
+  context lock, where the requests bound to open contexts queue too: a stall until a download timed
+  out. Without ``PLAYWRIGHT_MAX_CONTEXTS`` the bound is ``DEFAULT_MAX_CONTEXTS``, and a context all of
+  whose peers are in use is made past it (closed first once idle).
 
 Each new context gets a name never used before in the process (``<proxy context>``, then
 ``<proxy context>:2``...; a session's ``<proxy context>:s<hash>``), so a request is never bound to a
@@ -38,7 +41,7 @@ from typing import Any
 from scrapy import Request
 
 from scrapy_proxy_shard.crawl import browser
-from scrapy_proxy_shard.crawl.handlers import _CONTEXT_KEY, context_name
+from scrapy_proxy_shard.crawl.handlers import _CONTEXT_KEY, CONTEXT_PREFIX, context_name
 from scrapy_proxy_shard.engine.proxies import send_url
 
 logger = logging.getLogger(__name__)
@@ -73,11 +76,13 @@ class BrowserContexts:
     """Binds leased browser requests to contexts and closes the contexts no longer wanted."""
 
     def __init__(self, crawler: Any, *, store: Callable[[], Any], max_contexts: int, session_ttl: float,
-                 stats: Any, handlers: Callable[[], list[Any]] | None = None,
+                 stats: Any, hard: bool = False, handlers: Callable[[], list[Any]] | None = None,
                  clock: Callable[[], float] = time.monotonic, sweep_interval: float = SWEEP_INTERVAL) -> None:
         self.crawler = crawler
         self._store = store
         self.max_contexts = max(1, int(max_contexts))
+        self.hard = hard  # PLAYWRIGHT_MAX_CONTEXTS: scrapy-playwright enforces it too
+        self._freed: asyncio.Event | None = None  # set when a context may have become idle
         self.session_ttl = session_ttl
         self.stats = stats
         self._handlers = handlers or self._crawler_handlers
@@ -95,9 +100,9 @@ class BrowserContexts:
     @classmethod
     def from_runtime(cls, runtime: Any) -> BrowserContexts:
         settings = runtime.crawler.settings
-        bound = settings.getint("PLAYWRIGHT_MAX_CONTEXTS") or DEFAULT_MAX_CONTEXTS
-        return cls(runtime.crawler, store=lambda: runtime.store, max_contexts=bound,
-                   session_ttl=runtime.settings.session_ttl, stats=runtime.stats)
+        hard = settings.getint("PLAYWRIGHT_MAX_CONTEXTS") or 0
+        return cls(runtime.crawler, store=lambda: runtime.store, max_contexts=hard or DEFAULT_MAX_CONTEXTS,
+                   session_ttl=runtime.settings.session_ttl, stats=runtime.stats, hard=bool(hard))
 
     # --- binding -----------------------------------------------------------------------------------
     async def bind(self, request: Request, lease: Any, session_id: str | None) -> str:
@@ -111,6 +116,8 @@ class BrowserContexts:
         name = self._current.get((base, skey))
         if name is None or name not in self._contexts:
             await self._make_room()
+            name = self._current.get((base, skey))  # made meanwhile by another request
+        if name is None or name not in self._contexts:
             name = self._new_name(base, skey)
             self._contexts[name] = _Context(name, base, lease.proxy_id, lease.pool,
                                             lease.site if skey else None, skey)
@@ -143,6 +150,7 @@ class BrowserContexts:
             return None
         ctx.users -= 1
         ctx.used = self._clock()
+        self._wake()
         page = request.meta.get("playwright_page") if request.meta.get("playwright_include_page") else None
         if page is not None and (browser._closed(page) or not self._page_of(page, ctx)):
             page = None
@@ -167,6 +175,7 @@ class BrowserContexts:
             if ctx is not None:
                 ctx.kept -= 1
                 ctx.used = self._clock()
+            self._wake()
             with suppress(Exception):
                 on_close()
             self._tidy()
@@ -211,18 +220,45 @@ class BrowserContexts:
     async def _tidy_now(self) -> None:
         for ctx in [c for c in self._contexts.values() if c.retired and self._idle(c)]:
             await self._close(ctx, "retired")
-        await self._make_room(limit=self.max_contexts)
+        await self._make_room(limit=self._limit())
+
+    def _limit(self) -> int:
+        """How many contexts the plugin may hold: under PLAYWRIGHT_MAX_CONTEXTS, what the others leave."""
+        if not self.hard:
+            return self.max_contexts
+        others = sum(1 for h in self._handlers() for name in getattr(h, "context_wrappers", {})
+                     if not str(name).startswith(CONTEXT_PREFIX))
+        return max(1, self.max_contexts - others)
 
     async def _make_room(self, limit: int | None = None) -> None:
-        """Close least recently used idle contexts until fewer than the bound are open (``limit``:
-        until at most ``limit``)."""
-        limit = self.max_contexts - 1 if limit is None else limit
-        while len(self._contexts) > limit:
+        """Close least recently used idle contexts until there is room for one more (``limit``: until
+        at most ``limit`` are open). Under PLAYWRIGHT_MAX_CONTEXTS, wait for one to be idle."""
+        waited = False
+        while True:
+            most = self._limit() - 1 if limit is None else limit
+            if len(self._contexts) <= most:
+                return
             victim = next((c for c in self._contexts.values() if self._idle(c)), None)
-            if victim is None:
+            if victim is not None:
+                await self._close(victim, "retired" if victim.retired else "lru")
+                continue
+            if limit is not None:
+                return
+            if not self.hard:
                 self.stats.inc_value(f"{STATS}/over_bound")
-                return  # every context is in use: scrapy-playwright's semaphore (if any) makes it wait
-            await self._close(victim, "retired" if victim.retired else "lru")
+                return  # every context is in use: one more, past the soft bound
+            if not waited:
+                self.stats.inc_value(f"{STATS}/waits")
+                waited = True
+            if self._freed is None:
+                self._freed = asyncio.Event()
+            self._freed.clear()
+            with suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._freed.wait(), 1.0)
+
+    def _wake(self) -> None:
+        if self._freed is not None:
+            self._freed.set()
 
     def _idle(self, ctx: _Context) -> bool:
         if ctx.users > 0 or ctx.kept > 0:
