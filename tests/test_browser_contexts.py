@@ -176,6 +176,38 @@ def test_the_bound_closes_the_least_recently_used_idle_context_never_one_in_use(
     asyncio.run(scenario())
 
 
+def test_the_bound_closes_a_sessions_context_only_when_no_proxys_context_is_idle_or_busy():
+    async def scenario():
+        ctxs, handler, stats = contexts(max_contexts=2)
+        session, _ = await fetch(ctxs, handler, 1, session="cart")
+        ctxs.finished(session)
+        plain, _ = await fetch(ctxs, handler, 2)
+        ctxs.finished(plain)
+        third, _ = await fetch(ctxs, handler, 3)  # the session's context is the least recently used
+        assert handler.closed == [plain.meta["playwright_context"]] and stats.get("closed/lru") == 1
+        await fetch(ctxs, handler, 4)  # p3 in use frees up soon: past the bound, the session's stays
+        assert session.meta["playwright_context"] not in handler.closed and stats.get("over_bound") == 1
+        ctxs.finished(third)
+        await settle()  # back at the bound: p3 closed, not the session's
+        assert handler.closed[-1] == third.meta["playwright_context"]
+        other, _ = await fetch(ctxs, handler, 5, session="cart-2")
+        ctxs.finished(other)
+        await settle()
+        assert session.meta["playwright_context"] not in handler.closed
+        # Only sessions' contexts idle and none of a proxy in use: the least recently used session's goes
+        for name in list(handler.context_wrappers):
+            if ":s" not in name:
+                for page in list(handler.context_wrappers[name].context.pages):
+                    await page.close()
+        ctxs._bound.clear()
+        for ctx in ctxs._contexts.values():
+            ctx.users = 0
+        await fetch(ctxs, handler, 6, session="cart-3")
+        assert session.meta["playwright_context"] in handler.closed and stats.get("closed/lru_session") >= 1
+
+    asyncio.run(scenario())
+
+
 def test_under_playwright_max_contexts_a_new_context_waits_for_an_idle_one():
     """scrapy-playwright would wait for a free context inside its context lock, where requests bound
     to open contexts queue too; the plugin waits before the download instead, and counts the others'."""

@@ -15,6 +15,7 @@ import sys
 
 import pytest
 
+from scrapy_proxy_shard.demo.redis_server import RedisServer
 from scrapy_proxy_shard.demo.sitelog import summarize
 from tests.test_handlers_end_to_end import (
     BASE_SETTINGS,
@@ -160,3 +161,120 @@ def test_bans_in_browser_pages_quarantine_their_proxy_and_retry_elsewhere(burnt_
     assert stat(proc.stderr, "proxy_shard/bans/reason/missing_css") + stat(
         proc.stderr, "proxy_shard/content/suspect") == sum(e["kind"] == "stub" for e in bans), why
     assert summarize(entries).overlaps == 0, why
+
+
+HOST_SPIDER = '''
+import scrapy
+
+SETTINGS = {settings}
+BASE = {base!r}
+PAGES = {pages!r}
+FLOWS = {flows!r}
+STEPS = {steps}
+
+
+class Host(scrapy.Spider):
+    name = "host"
+    custom_settings = SETTINGS
+
+    async def start(self):
+        for flow in FLOWS:
+            yield self.step_request(flow, 1)
+        for n in PAGES:
+            yield scrapy.Request(f"{{BASE}}/catalog/{{n}}", meta={{"playwright": True}}, callback=self.page,
+                                 errback=self.failed)
+
+    def step_request(self, flow, step):
+        meta = {{"playwright": True, "session_id": flow, "proxy_shard_end_session": step == STEPS}}
+        return scrapy.Request(f"{{BASE}}/flow/{{flow}}/step/{{step}}", meta=meta, callback=self.step,
+                              cb_kwargs={{"flow": flow, "step": step}}, errback=self.failed, dont_filter=True)
+
+    def page(self, response):
+        yield {{"kind": "page", "url": response.url, "status": response.status,
+                "product": bool(response.css("div.product")), "context": response.meta["playwright_context"]}}
+
+    def step(self, response, flow, step):
+        yield {{"kind": "step", "flow": flow, "step": step, "status": response.status,
+                "ok": bool(response.css("div.flow-step")), "context": response.meta["playwright_context"]}}
+        if step < STEPS:
+            yield self.step_request(flow, step + 1)
+
+    def failed(self, failure):
+        self.logger.error("FAILED %s: %s", failure.request.url, failure.value)
+'''
+
+HOSTS = 3
+BURNT = "127.0.0.11"  # the site answers this proxy's every page with a 403
+
+
+@pytest.fixture
+def shared_stack(tmp_path):
+    s = Stack(tmp_path, ("--burnt", f"{SITE}={BURNT}", "--ban-styles", "403", "--flow-steps", "4"), proxies=6)
+    try:
+        with RedisServer() as redis_server:
+            s.redis_url = redis_server.url
+            yield s
+    finally:
+        s.stop()
+
+
+def test_three_browser_hosts_share_one_pool_as_the_site_sees_it(shared_stack):
+    """3 scrapy processes with scrapy-playwright + chromium, one redis-server, 6 proxies (one burnt):
+    the site's log shows no request from a non-proxy IP, no overlap per exit IP, every session's steps
+    from one IP (and in one browser context), and the burnt proxy's 403 banning it for every host."""
+    stack = shared_stack
+    base = f"http://{SITE}:{stack.port}"
+    procs = []
+    for host in range(HOSTS):
+        settings = {**BASE_SETTINGS, **browser_settings(), "PROXY_SHARD_PROXIES": stack.proxy_urls,
+                    "PROXY_SHARD_MODE": "redis", "PROXY_SHARD_REDIS_URL": stack.redis_url,
+                    "PROXY_SHARD_HOST_ID": f"browser-{host}", "PROXY_SHARD_NAMESPACE": "browser-e2e",
+                    "PLAYWRIGHT_MAX_CONTEXTS": 3, "PROXY_SHARD_MAX_WAIT": 90}
+        spider = stack.workdir / f"host{host}_spider.py"
+        spider.write_text(HOST_SPIDER.format(settings=repr(settings), base=base, pages=list(range(1, 13)),
+                                             flows=[f"h{host}-cart{k}" for k in range(2)], steps=4))
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(stack.workdir)])}
+        log = open(stack.workdir / f"host{host}.log", "w")  # noqa: SIM115 (closed below)
+        procs.append((subprocess.Popen(
+            [sys.executable, "-m", "scrapy", "runspider", str(spider), "-o", f"{stack.workdir}/host{host}.jl:jsonl",
+             "-s", "TWISTED_DNS_RESOLVER=scrapy_proxy_shard.demo.resolver.DemoSiteResolver",
+             "-s", "TWISTED_REACTOR=twisted.internet.asyncioreactor.AsyncioSelectorReactor"],
+            cwd=stack.workdir, env=env, stdout=log, stderr=subprocess.STDOUT), log))
+    codes = []
+    for proc, log in procs:
+        try:
+            codes.append(proc.wait(timeout=240))
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            log.close()
+    logs = [(stack.workdir / f"host{h}.log").read_text() for h in range(HOSTS)]
+    entries = stack.entries()
+    why = report(stack, "\n=====\n".join(log[-2500:] for log in logs), codes)
+    assert codes == [0] * HOSTS, why
+    assert not stack.direct(), why
+    assert summarize(entries).overlaps == 0, why
+    # The burnt proxy's 403 quarantined it in Redis, for every host: the site saw it once.
+    burnt = [e for e in entries if e["ip"] == BURNT]
+    assert len(burnt) == 1 and burnt[0]["status"] == 403, why
+    assert sum(log.count("quarantine of proxy") for log in logs) == 1, why
+    # Sessions: each flow's 4 steps from one IP, in one context, done; the site saw no IP change.
+    steps = [e for e in entries if e.get("flow_id")]
+    assert not [e for e in steps if e.get("ip_changed")], why
+    for host in range(HOSTS):
+        items = [json.loads(line) for line in (stack.workdir / f"host{host}.jl").read_text().splitlines()]
+        pages = [i for i in items if i["kind"] == "page"]
+        assert len(pages) == 12 and all(i["product"] for i in pages), why
+        for k in range(2):
+            flow = f"h{host}-cart{k}"
+            mine = [i for i in items if i["kind"] == "step" and i["flow"] == flow]
+            assert [i["step"] for i in mine] == [1, 2, 3, 4] and all(i["ok"] for i in mine), why
+            assert len({i["context"] for i in mine}) == 1, why
+            assert ":s" in mine[0]["context"], why
+            ips = {e["ip"] for e in steps if e["flow_id"] == flow and e["status"] == 200}
+            assert len(ips) == 1, why
+        # The bound held with the real browser: never more than 3 contexts at once.
+        assert stat(logs[host], "playwright/context_count/max_concurrent") <= 3, why
+        assert stat(logs[host], "proxy_shard/browser/retired/session_ended") == 2, why
+    assert sum(stat(log, "proxy_shard/browser/closed/lru") for log in logs) >= 1, why

@@ -13,12 +13,14 @@ is open; a context in use is never closed. A context is closed:
 - when the session it belongs to ends (``meta['proxy_shard_end_session']``), is rebound to another
   proxy, or lay unused for ``PROXY_SHARD_SESSION_TTL`` (the engine forgets it then too);
 - when the plugin's contexts reach the bound and one more is needed: the least recently used idle
-  one. The bound is ``PLAYWRIGHT_MAX_CONTEXTS`` less the contexts that are not the plugin's (a user's
+  one (a session's only when no proxy's context is idle or busy: those free up soon). The bound is
+  ``PLAYWRIGHT_MAX_CONTEXTS`` less the contexts that are not the plugin's (a user's
   ``PLAYWRIGHT_CONTEXTS``); with every context in use, the request waits (holding its lease, before
-  its download) until one is idle. scrapy-playwright itself would wait for a free context inside its
-  context lock, where the requests bound to open contexts queue too: a stall until a download timed
-  out. Without ``PLAYWRIGHT_MAX_CONTEXTS`` the bound is ``DEFAULT_MAX_CONTEXTS``, and a context all of
-  whose peers are in use is made past it (closed first once idle).
+  its download) until one is idle.
+  scrapy-playwright itself would wait for a free context inside its context lock, where the
+  requests bound to open contexts queue too: a stall until a download timed out. Without
+  ``PLAYWRIGHT_MAX_CONTEXTS`` the bound is ``DEFAULT_MAX_CONTEXTS``, and a context all of whose
+  peers are in use is made past it (closed first once idle).
 
 Each new context gets a name never used before in the process (``<proxy context>``, then
 ``<proxy context>:2``...; a session's ``<proxy context>:s<hash>``), so a request is never bound to a
@@ -238,9 +240,10 @@ class BrowserContexts:
             most = self._limit() - 1 if limit is None else limit
             if len(self._contexts) <= most:
                 return
-            victim = next((c for c in self._contexts.values() if self._idle(c)), None)
+            victim = self._victim()
             if victim is not None:
-                await self._close(victim, "retired" if victim.retired else "lru")
+                await self._close(victim, "retired" if victim.retired else
+                                  "lru" if victim.session is None else "lru_session")
                 continue
             if limit is not None:
                 return
@@ -255,6 +258,21 @@ class BrowserContexts:
             self._freed.clear()
             with suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._freed.wait(), 1.0)
+
+    def _victim(self) -> _Context | None:
+        """The context to close for room: a retired idle one, else the least recently used idle one
+        of a proxy, else, only when no proxy's context is in use (none will be idle soon), a
+        session's (its cookies and storage go with it)."""
+        contexts = list(self._contexts.values())
+        idle = [c for c in contexts if self._idle(c)]
+        picks: list[Callable[[_Context], bool]] = [lambda c: c.retired, lambda c: c.session is None]
+        if not any(c.session is None and c not in idle for c in contexts):
+            picks.append(lambda c: True)
+        for pick in picks:
+            found = next((c for c in idle if pick(c)), None)
+            if found is not None:
+                return found
+        return None
 
     def _wake(self) -> None:
         if self._freed is not None:
