@@ -7,6 +7,7 @@ Skipped locally when scrapy-playwright or chromium is missing, a failure under `
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -46,10 +47,13 @@ def browser_settings() -> dict:
 
 
 SPIDER = '''
+import asyncio
+
 import scrapy
 
 SETTINGS = {settings}
 REQUESTS = {requests}
+HOLD = {hold}
 
 
 class Browse(scrapy.Spider):
@@ -64,6 +68,10 @@ class Browse(scrapy.Spider):
     async def parse(self, response):
         page = response.meta.get("playwright_page")
         if page is not None:
+            if HOLD:  # the spider works with the page a while: a request of the page's own, later
+                await asyncio.sleep(HOLD / 2)
+                await page.evaluate("fetch('/catalog/20?xhr=1').then(r => r.status)")
+                await asyncio.sleep(HOLD / 2)
             await page.close()
         yield {{"url": response.url, "status": response.status, "session": response.meta.get("session_id"),
                 "proxy_id": response.meta.get("proxy_shard_proxy_id"),
@@ -78,11 +86,12 @@ class Browse(scrapy.Spider):
 
 
 def run_spider(stack: Stack, settings: dict, requests: list[tuple[str, dict]], *, name: str = "browse",
-               timeout: float = 120, wait: bool = True) -> subprocess.CompletedProcess | subprocess.Popen:
+               timeout: float = 120, wait: bool = True, hold: float = 0.0,
+               ) -> subprocess.CompletedProcess | subprocess.Popen:
     """Run the browse spider in ``stack.workdir`` (items to ``<name>.jl``); ``wait=False``: a Popen."""
     merged = {**BASE_SETTINGS, "PROXY_SHARD_PROXIES": stack.proxy_urls, **browser_settings(), **settings}
     spider = stack.workdir / f"{name}_spider.py"
-    spider.write_text(SPIDER.format(settings=repr(merged), requests=repr(requests)))
+    spider.write_text(SPIDER.format(settings=repr(merged), requests=repr(requests), hold=hold))
     items = stack.workdir / f"{name}.jl"
     items.unlink(missing_ok=True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(stack.workdir)])}
@@ -161,6 +170,39 @@ def test_bans_in_browser_pages_quarantine_their_proxy_and_retry_elsewhere(burnt_
     assert stat(proc.stderr, "proxy_shard/bans/reason/missing_css") + stat(
         proc.stderr, "proxy_shard/content/suspect") == sum(e["kind"] == "stub" for e in bans), why
     assert summarize(entries).overlaps == 0, why
+
+
+
+@pytest.fixture
+def two_proxies(tmp_path):
+    s = Stack(tmp_path, proxies=2)
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def test_a_page_the_spider_holds_keeps_its_proxy_until_the_spider_closes_it(two_proxies):
+    """playwright_include_page: the spider keeps each page 1.2 s and the page fetches a resource of its
+    own meanwhile; the lease covers the page until it is closed, so no other page is sent through its
+    proxy before (2 proxies, 4 pages, concurrency 4)."""
+    stack = two_proxies
+    pages = [(stack.url(n), {"playwright_include_page": True}) for n in range(1, 5)]
+    proc = run_spider(stack, {}, pages, hold=1.2)
+    why = report(stack, proc.stderr, proc.returncode)
+    assert proc.returncode == 0, why
+    entries = stack.entries()
+    assert not stack.direct() and summarize(entries).overlaps == 0, why
+    assert summarize(entries).violations == 0, why
+    assert len([i for i in items_of(stack) if i["product"]]) == 4, why
+    for ip in stack.egress:
+        mine = sorted((e for e in entries if e["ip"] == ip), key=lambda e: e["start"])
+        navigations = [k for k, e in enumerate(mine) if "xhr" not in e["path"]]
+        # Between two pages through one proxy, the first page's own request: it was still held.
+        for a, b in itertools.pairwise(navigations):
+            assert any("xhr" in e["path"] for e in mine[a + 1:b]), why
+    assert stat(proc.stderr, "proxy_shard/browser/pages_held") == 4, why
+    assert stat(proc.stderr, "proxy_shard/browser/page_outlived_lease") == 0, why
 
 
 HOST_SPIDER = '''
