@@ -316,7 +316,7 @@ def test_the_sweep_retires_contexts_of_proxies_quarantined_elsewhere_removed_or_
         await ctxs.sweep()
         await settle()
         assert sorted(handler.closed) == sorted([names[1], names[2], names[3]])
-        assert stats.get("retired/quarantined") == 1 and stats.get("retired/removed") == 1
+        assert stats.get("retired/quarantined_elsewhere") == 1 and stats.get("retired/removed") == 1
         assert stats.get("retired/url_changed") == 1
 
     asyncio.run(scenario())

@@ -99,8 +99,8 @@ def run_spider(stack: Stack, settings: dict, requests: list[tuple[str, dict]], *
             "-s", "TWISTED_DNS_RESOLVER=scrapy_proxy_shard.demo.resolver.DemoSiteResolver",
             "-s", "TWISTED_REACTOR=twisted.internet.asyncioreactor.AsyncioSelectorReactor"]
     if not wait:
-        log = open(stack.workdir / f"{name}.log", "w")  # noqa: SIM115 (closed with the process)
-        return subprocess.Popen(argv, cwd=stack.workdir, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+        with open(stack.workdir / f"{name}.log", "w") as log:  # the child has its own copy
+            return subprocess.Popen(argv, cwd=stack.workdir, env=env, stdout=log, stderr=subprocess.STDOUT)
     proc = subprocess.run(argv, cwd=stack.workdir, env=env, capture_output=True, text=True, timeout=timeout)
     (stack.workdir / f"{name}.log").write_text(proc.stderr)
     return proc
@@ -203,6 +203,59 @@ def test_a_page_the_spider_holds_keeps_its_proxy_until_the_spider_closes_it(two_
             assert any("xhr" in e["path"] for e in mine[a + 1:b]), why
     assert stat(proc.stderr, "proxy_shard/browser/pages_held") == 4, why
     assert stat(proc.stderr, "proxy_shard/browser/page_outlived_lease") == 0, why
+
+
+@pytest.fixture
+def redis_stack(tmp_path):
+    s = Stack(tmp_path, proxies=2)
+    try:
+        with RedisServer() as redis_server:
+            s.redis_url = redis_server.url
+            yield s
+    finally:
+        s.stop()
+
+
+def test_a_quarantine_set_elsewhere_closes_the_proxys_context_here(redis_stack):
+    """A proxy quarantined in Redis by someone else (here the CLI's ban, as another host's release would)
+    while this host holds its browser context: the context is closed at the next sweep (5 s), and the
+    site sees no more page through that proxy."""
+    import time
+
+    import redis
+
+    from scrapy_proxy_shard.engine.store import PoolStore
+
+    stack = redis_stack
+    pages = [(stack.url(n), {}) for n in range(1, 17)]
+    settings = {"PROXY_SHARD_MODE": "redis", "PROXY_SHARD_REDIS_URL": stack.redis_url,
+                "PROXY_SHARD_NAMESPACE": "sweep", "PROXY_SHARD_MIN_INTERVAL": 0.8, "CONCURRENT_REQUESTS": 2,
+                "LOG_LEVEL": "DEBUG"}
+    proc = run_spider(stack, settings, pages, wait=False)
+    victim = next(m for m in stack.manifest if m["source_ip"] == "127.0.0.12")
+    try:
+        deadline = time.monotonic() + 60
+        while not [e for e in stack.entries() if e["ip"] == victim["source_ip"]]:
+            assert time.monotonic() < deadline and proc.poll() is None, report(stack, "", proc.poll())
+            time.sleep(0.1)
+        admin = PoolStore(redis.Redis.from_url(stack.redis_url, decode_responses=True), namespace="sweep")
+        admin.ban("default", victim["url"], reason="manual", ttl=600)
+        banned_at = time.time()
+        code = proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    output = (stack.workdir / "browse.log").read_text()
+    why = report(stack, output, code)
+    assert code == 0, why
+    entries = stack.entries()
+    assert not stack.direct() and summarize(entries).overlaps == 0, why
+    assert not [e for e in entries if e["ip"] == victim["source_ip"] and e["start"] > banned_at + 0.2], why
+    assert len([i for i in items_of(stack) if i["product"]]) == 16, why
+    assert stat(output, "proxy_shard/browser/retired/quarantined_elsewhere") == 1, why
+    assert stat(output, "proxy_shard/browser/closed/retired") == 1, why
+    assert "Browser context closed: 'proxy-shard:" in output, why
 
 
 HOST_SPIDER = '''

@@ -341,6 +341,7 @@ class BrowserContexts:
         """Retire the contexts whose proxy another host quarantined, that left the pool or changed URL,
         and the sessions' contexts unused for PROXY_SHARD_SESSION_TTL."""
         store = self._store()
+        store = getattr(store, "primary", store)  # the local fallback store reads from Redis
         now = self._clock()
         wall = time.time()
         by_pool: dict[str, set[str]] = {}
@@ -352,7 +353,8 @@ class BrowserContexts:
             if bans is not None:
                 for ban in await bans(pool):
                     if ban.proxy_id in ids and ban.until > wall:
-                        self.proxy_banned(ban.proxy_id, None if ban.scope == "*" else ban.scope)
+                        self.proxy_banned(ban.proxy_id, None if ban.scope == "*" else ban.scope,
+                                          "quarantined_elsewhere")
             urls = getattr(store, "proxy_urls", None)
             if urls is not None:
                 found = await urls(pool, sorted(ids))
