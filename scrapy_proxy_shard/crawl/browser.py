@@ -13,8 +13,10 @@ requests go to a new context, not one still authenticating with the old password
 
 What is refused (the request fails, never goes out through another context): a ``playwright_context``
 the user set, a ``proxy`` the user put in ``playwright_context_kwargs``, and a ``playwright_page`` that
-does not belong to the bound context. Not built here (issue 22): closing contexts of quarantined
-proxies, a bound on the number of contexts, sticky sessions as contexts.
+does not belong to the bound context. Which of the proxy's contexts a request gets, and when one is
+closed (quarantine, removal, sessions, the PLAYWRIGHT_MAX_CONTEXTS bound, pages the spider keeps):
+crawl/contexts.py; names after a proxy's first context are ``<first>:<n>`` and ``<first>:s<hash>``.
+Not built here: scrapy-playwright's threaded loop (Windows).
 """
 
 from __future__ import annotations
