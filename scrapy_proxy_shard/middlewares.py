@@ -18,6 +18,7 @@ requests that hold other proxies. ``DOWNLOAD_DELAY`` still applies per (site, pr
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 from urllib.parse import urlsplit
@@ -31,6 +32,7 @@ from scrapy.utils.misc import build_from_crawler, load_object
 
 from scrapy_proxy_shard.crawl import browser
 from scrapy_proxy_shard.crawl.content import CONTENT_REASONS, describe
+from scrapy_proxy_shard.crawl.contexts import BrowserContexts
 from scrapy_proxy_shard.crawl.handlers import HandlerMap, Route
 from scrapy_proxy_shard.crawl.runtime import STATS, ShardRuntime
 from scrapy_proxy_shard.crawl.startup import StartupGate
@@ -124,6 +126,8 @@ class ProxyShardMiddleware:
         self.runtime = runtime
         self.crawler = runtime.crawler if runtime is not None else crawler
         self.handlers = _handler_map(runtime, self.crawler)
+        if runtime is not None and runtime.browser is None and self.handlers.has_browser:
+            runtime.browser = BrowserContexts.from_runtime(runtime)
 
     @classmethod
     def from_crawler(cls, crawler: Any) -> ProxyShardMiddleware:
@@ -188,7 +192,7 @@ class ProxyShardMiddleware:
         meta[OWN_PROXY] = lease.proxy_id
         meta["proxy_shard_proxy_id"] = lease.proxy_id
         if route.kind == "browser":
-            browser.bind(meta, lease.proxy_id, lease.proxy_url)
+            await self.runtime.browser.bind(request, lease, session)
         if "download_slot" not in meta or OWN_SLOT in meta:
             meta["download_slot"] = meta[OWN_SLOT] = f"{site}|{lease.proxy_id}"
         return None
@@ -213,6 +217,7 @@ class BanDetectionMiddleware:
         self.runtime = runtime
         self.crawler = runtime.crawler if runtime is not None else crawler
         self.policy = policy
+        self._closing: set[asyncio.Future] = set()  # pages of banned answers being closed
 
     @classmethod
     def from_crawler(cls, crawler: Any) -> BanDetectionMiddleware:
@@ -341,7 +346,22 @@ class BanDetectionMiddleware:
             retry.meta["retry_times"] = retry_times
         retry.meta["proxy_shard_ban_retries"] = done + 1 if charge else done
         browser.unbind(retry.meta)  # the context's kwargs hold the proxy's credentials: not into a queue
+        self._drop_page(request, retry)
         return retry
+
+    def _drop_page(self, request: Request, retry: Request) -> None:
+        """A browser page of the banned answer is no page for the retry (another proxy, another
+        context); one scrapy-playwright kept for the spider (``playwright_include_page``) is closed:
+        the spider never sees this answer."""
+        page = retry.meta.pop("playwright_page", None)
+        if page is None or not request.meta.get("playwright_include_page"):
+            return
+        try:
+            task = asyncio.ensure_future(page.close())
+        except Exception:  # not a Playwright page
+            return
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
 
 
 def _spared(result: Any) -> bool:

@@ -218,7 +218,7 @@ class BanPolicy:
         patterns = self.challenge_patterns if rules.challenge_patterns is None else rules.challenge_patterns
         if 300 <= status < 400:
             return self._redirect_verdict(response, patterns)
-        if request.meta.get("redirect_urls") and url_matches(response.url, patterns):
+        if _navigated(request, response) and url_matches(response.url, patterns):
             return Verdict("ban", "challenge_page")
         if 200 <= status < 300:
             return self._content_verdict(request, response, site, rules, required_css)
@@ -395,6 +395,15 @@ def _http_date(text: str) -> float | None:
 
 
 # --- URL matching ----------------------------------------------------------------------------------
+
+def _navigated(request: Request, response: Response) -> bool:
+    """The page answered is not the one asked for: a redirect was followed (Scrapy's and
+    scrapy-playwright's both set ``redirect_urls``), or a browser page moved on by itself (a script's
+    ``location = '/captcha'``, a meta refresh: scrapy-playwright's response carries the page's final URL)."""
+    if request.meta.get("redirect_urls"):
+        return True
+    return "playwright" in response.flags and response.url.split("#", 1)[0] != request.url.split("#", 1)[0]
+
 
 def redirect_target(base_url: str, location: bytes | str) -> str:
     """The absolute URL a ``Location`` header points to, resolved as Scrapy's redirect does."""

@@ -37,18 +37,18 @@ PROXIES = 4
 class Stack:
     """The anti-bot site and a fleet of forward proxies (2 of them with Basic auth), in ``workdir``."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, site_args: tuple[str, ...] = (), proxies: int = PROXIES) -> None:
         self.workdir = workdir
         self.log = workdir / "site.log"
         self.children: list[subprocess.Popen] = []
         ready = workdir / "site.ready"
         self.children.append(_spawn(
             [sys.executable, "-m", "scrapy_proxy_shard.demo.site", "--port", "0", "--log", str(self.log),
-             "--ready-file", str(ready), "--sites", SITE, "--pages-per-site", "20"], workdir / "site.out"))
+             "--ready-file", str(ready), "--sites", SITE, "--pages-per-site", "20", *site_args], workdir / "site.out"))
         self.port = int(_wait_file(ready, self.children[-1]).strip())
         ready = workdir / "proxies.ready"
         self.children.append(_spawn(
-            [sys.executable, "-m", "scrapy_proxy_shard.demo.forward_proxy", "--count", str(PROXIES),
+            [sys.executable, "-m", "scrapy_proxy_shard.demo.forward_proxy", "--count", str(proxies),
              "--site-port", str(self.port), "--proxy-file", str(workdir / "proxies.txt"), "--ready-file",
              str(ready), "--auth", "2", "--dead", "0", "--slow", "0"], workdir / "proxies.out"))
         self.manifest = json.loads(_wait_file(ready, self.children[-1]))["proxies"]

@@ -130,6 +130,18 @@ def test_challenge_page_reached_through_a_redirect_is_a_ban():
     assert verdict(BanPolicy(), captcha, request) == Verdict("ban", "challenge_page")
 
 
+def test_a_browser_page_that_moved_to_a_challenge_by_itself_is_a_ban():
+    # scrapy-playwright: a script sent the page to the captcha (no HTTP redirect, no redirect_urls);
+    # the response carries the page's final URL.
+    captcha = HtmlResponse(url="https://shop.example.com/captcha?return=%2Fcatalog%2F1", body=page(),
+                           headers={"Content-Type": "text/html"}, flags=["playwright"])
+    assert verdict(BanPolicy(), captcha, req(URL)) == Verdict("ban", "challenge_page")
+    plain = HtmlResponse(url=captcha.url, body=page(), headers={"Content-Type": "text/html"})
+    assert verdict(BanPolicy(), plain, req(URL)) == FINE  # not a browser page: the URL is the one asked for
+    stayed = HtmlResponse(url=URL, body=page(), headers={"Content-Type": "text/html"}, flags=["playwright"])
+    assert verdict(BanPolicy(), stayed, req(URL)) == FINE
+
+
 def test_challenge_url_requested_directly_is_not_a_ban():
     # The spider asked for the login page itself: nothing sent it there.
     login = html(url="https://shop.example.com/login")

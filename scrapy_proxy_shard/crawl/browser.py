@@ -13,8 +13,10 @@ requests go to a new context, not one still authenticating with the old password
 
 What is refused (the request fails, never goes out through another context): a ``playwright_context``
 the user set, a ``proxy`` the user put in ``playwright_context_kwargs``, and a ``playwright_page`` that
-does not belong to the bound context. Not built here (issue 22): closing contexts of quarantined
-proxies, a bound on the number of contexts, sticky sessions as contexts.
+does not belong to the bound context. Which of the proxy's contexts a request gets, and when one is
+closed (quarantine, removal, sessions, the PLAYWRIGHT_MAX_CONTEXTS bound, pages the spider keeps):
+crawl/contexts.py; names after a proxy's first context are ``<first>:<n>`` and ``<first>:s<hash>``.
+Not built here: scrapy-playwright's threaded loop (Windows).
 """
 
 from __future__ import annotations
@@ -62,10 +64,15 @@ def playwright_proxy(proxy_url: str) -> dict[str, str]:
     return out
 
 
-def bind(meta: dict, proxy_id: str, proxy_url: str) -> None:
+def bind(meta: dict, proxy_id: str, proxy_url: str, name: str | None = None) -> None:
     """Bind a browser request to the context of its leased proxy (a new kwargs dict: meta is shared
-    shallowly with copies of the request)."""
-    name = context_name(proxy_id, proxy_url)
+    shallowly with copies of the request). ``name``: one of the proxy's contexts (``BrowserContexts``
+    picks it: a session's, or a later one after a close); its first one by default."""
+    base = context_name(proxy_id, proxy_url)
+    if name is None:
+        name = base
+    elif not belongs(name, base):
+        raise ValueError(f"context {name!r} is not one of proxy {proxy_id}'s")
     kwargs = dict(meta.get("playwright_context_kwargs") or {})
     kwargs["proxy"] = playwright_proxy(proxy_url)
     meta["playwright_context"] = meta[OWN_CONTEXT] = name
@@ -94,7 +101,7 @@ def binding_problem(request: Request, proxy_id: str, proxy_url: str, crawler: An
     """What the guard checks on a leased browser request just before it is downloaded."""
     meta = request.meta
     name = context_name(proxy_id, proxy_url)
-    if meta.get("playwright_context") != name:
+    if not belongs(meta.get("playwright_context"), name):
         return (f"meta['playwright_context'] is {meta.get('playwright_context')!r}, not the context of the "
                 f"leased proxy {proxy_id} ({name!r})")
     kwargs = meta.get("playwright_context_kwargs")
@@ -102,10 +109,17 @@ def binding_problem(request: Request, proxy_id: str, proxy_url: str, crawler: An
     if not isinstance(proxy, dict) or proxy != playwright_proxy(proxy_url):
         return f"meta['playwright_context_kwargs'] does not carry the leased proxy {proxy_id}"
     page = meta.get("playwright_page")
+    name = meta["playwright_context"]
     if page is not None and not _closed(page) and not _page_in_context(page, request, crawler, name):
         return (f"meta['playwright_page'] is a page of another browser context than the leased proxy's "
                 f"({name!r}): it would go out through another IP")
     return None
+
+
+def belongs(name: object, base: str) -> bool:
+    """``name`` is one of the contexts of the proxy whose first context is ``base`` (the proxy id and
+    the hash of its URL; the names under the reserved prefix are the plugin's alone)."""
+    return isinstance(name, str) and (name == base or name.startswith(base + ":"))
 
 
 def drop_proxy_authorization(request: Request) -> None:

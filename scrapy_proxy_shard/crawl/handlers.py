@@ -201,6 +201,11 @@ class HandlerMap:
             setattr(crawler, cls.ATTRIBUTE, found)
         return found
 
+    @property
+    def has_browser(self) -> bool:
+        """A scheme is downloaded by scrapy-playwright's handler (or a subclass)."""
+        return any(h.kind == "playwright" for h in self.handlers.values())
+
     def check(self) -> None:
         """Raise SettingError (one line) for the first handler the crawl must not start with."""
         for handler in self.handlers.values():

@@ -166,6 +166,9 @@ class ShardRuntime:
         self.open_error: ProxyShardError | None = None
         self.host_id_lost = False  # another process took this crawl's host id over (host_id_taken)
         self._taken_closer: asyncio.Future | None = None
+        #: The plugin's scrapy-playwright contexts (crawl/contexts.py); None without a browser handler.
+        self.browser: Any = None
+        self._page_releases: set[asyncio.Future] = set()  # releases of held pages' leases, under way
 
     @classmethod
     def for_crawler(cls, crawler: Any) -> ShardRuntime:
@@ -326,6 +329,8 @@ class ShardRuntime:
                 logger.warning("proxy_shard: lease not released at close (it expires by itself): %(e)s", {"e": exc})
         if released:
             self.stats.inc_value(f"{STATS}/released_at_close", released)
+        if self.browser is not None:
+            await self.browser.close()
         if self._monitor is not None:
             await self._monitor.stop()  # leave the pools' host lists now rather than age out
             self._monitor = None
@@ -872,8 +877,48 @@ class ShardRuntime:
         # carry them into the scheduler's queue: scrapy-redis's in the shared Redis, a JOBDIR on disk.
         request.headers.pop(PROXY_AUTHORIZATION, None)
         lease = entry.lease
+        loop = asyncio.get_running_loop()
+        latency = loop.time() - entry.started if outcome == "ok" else None
+        if self.browser is not None:
+            page = self.browser.finished(request)
+            if page is not None and outcome not in ("ban", "dead"):
+                # A playwright_include_page page the spider holds: its own requests (XHR, images) still go
+                # out through the proxy, so the lease is released when the spider closes it; bounded by
+                # the lease's own expiry.
+                self._hold_for_page(request, page, entry, outcome, reason, retry_after, latency)
+                return None
+        return await self._release(request, lease, outcome, reason, retry_after, latency)
+
+    def _hold_for_page(self, request: Request, page: Any, entry: _InFlight, outcome: str, reason: str | None,
+                       retry_after: float | None, latency: float | None) -> None:
+        lease = entry.lease
+        loop = asyncio.get_running_loop()
+        self.stats.inc_value(f"{STATS}/browser/pages_held")
+        left = (lease.expires_at - lease.issued_at) - (loop.time() - entry.started)
+
+        def expired() -> None:
+            if self._held.pop(lease.token, None) is None:
+                return  # released (page closed) or given back at close
+            self.stats.inc_value(f"{STATS}/browser/page_outlived_lease")
+            logger.warning("proxy_shard: a playwright_include_page page of %(url)s is still open as its lease of "
+                           "proxy %(proxy)s expires (PROXY_SHARD_LEASE_TTL): the proxy may now serve another "
+                           "request for %(site)s; close the page sooner, or raise the lease TTL",
+                           {"url": request.url, "proxy": lease.proxy_id, "site": lease.site})
+
+        timer = loop.call_later(max(0.0, left), expired)
+
+        def closed() -> None:
+            timer.cancel()
+            if lease.token in self._held:
+                task = asyncio.ensure_future(self._release(request, lease, outcome, reason, retry_after, latency))
+                self._page_releases.add(task)
+                task.add_done_callback(self._page_releases.discard)
+
+        self.browser.keep(request, page, closed)
+
+    async def _release(self, request: Request, lease: Lease, outcome: str, reason: str | None,
+                       retry_after: float | None, latency: float | None) -> ReleaseResult | None:
         self._held.pop(lease.token, None)
-        latency = asyncio.get_running_loop().time() - entry.started if outcome == "ok" else None
         try:
             how = self._pacing(lease.site, reason)
             if retry_after is not None:
@@ -901,6 +946,8 @@ class ShardRuntime:
         self.crawler.signals.send_catch_log(shard_signals.lease_released, request=request, lease=lease,
                                             outcome=outcome, reason=reason, result=result)
         spared = result.ban_until is None and result.breaker is not None  # judged a ban, no quarantine
+        if self.browser is not None and outcome in ("ban", "dead") and not spared:
+            self.browser.proxy_banned(lease.proxy_id, None if outcome == "dead" else lease.site)
         if outcome in ("ban", "dead"):
             self.stats.inc_value(f"{STATS}/bans")
             self.stats.inc_value(f"{STATS}/bans/reason/{reason or outcome}")
@@ -929,6 +976,8 @@ class ShardRuntime:
         if lease.session_id and request.meta.get("proxy_shard_end_session"):
             await self.store.end_session(lease.pool, lease.site, lease.session_id,
                                          min_interval=self.interval_of(lease.site))
+            if self.browser is not None:
+                self.browser.session_ended(lease.site, lease.session_id)
         return result
 
     def _breaker_event(self, lease: Lease, event: BreakerEvent, reason: str) -> None:
