@@ -129,6 +129,24 @@ SECTIONS: tuple[StatSection, ...] = (
         _doc("proxy_shard/invalid_session_id", MW, "requests failed with `InvalidSessionId` (a "
              "`meta['session_id']` that is not a valid session name)"),
     )),
+    StatSection("Browser contexts (scrapy-playwright)", "See [the scrapy-playwright recipe]"
+                "(../recipes/scrapy-playwright.md).", (
+        _doc("proxy_shard/browser/contexts", "contexts (contexts.py)", "browser contexts the plugin created "
+             "(one per proxy, one per sticky session)"),
+        _doc("proxy_shard/browser/retired/{reason}", "contexts (contexts.py)", "contexts that take no new "
+             "request (`quarantined`, `removed`, `url_changed`, `session_ended`, `session_expired`, "
+             "`session_rebound`); each closes once no page of it is open"),
+        _doc("proxy_shard/browser/closed/{why}", "contexts (contexts.py)", "contexts closed: `retired`, or "
+             "`lru` / `lru_session` to make room under `PLAYWRIGHT_MAX_CONTEXTS`"),
+        _doc("proxy_shard/browser/waits", "contexts (contexts.py)", "browser requests that waited for a "
+             "context to go idle before a new one could be opened under the bound"),
+        _doc("proxy_shard/browser/over_bound", "contexts (contexts.py)", "contexts opened past the bound "
+             "(no `PLAYWRIGHT_MAX_CONTEXTS` set and every context busy)"),
+        _doc("proxy_shard/browser/pages_held", FINISH, "`playwright_include_page` pages whose lease was held "
+             "until the spider closed the page"),
+        _doc("proxy_shard/browser/page_outlived_lease", FINISH, "kept pages still open when their lease "
+             "expired (a WARNING each: the page's further requests are not covered)"),
+    )),
     StatSection("Start-up and hosts", "Why a crawl stopped, and host ids.", (
         _doc("proxy_shard/open_error", "start-up gate", "why the spider was stopped at open (exception class "
              "name)"),
