@@ -48,7 +48,7 @@ from scrapy_proxy_shard.exceptions import (
 )
 from scrapy_proxy_shard.modes.connection import sync_client
 from scrapy_proxy_shard.ops import views
-from scrapy_proxy_shard.ops.proxyfile import check_tags, parse_proxy_list
+from scrapy_proxy_shard.ops.proxyfile import check_tags, decode_proxy_list, parse_proxy_list
 from scrapy_proxy_shard.ops.snapshot import read_pool
 from scrapy_proxy_shard.settings import DEFAULTS, MAX_LEASE_TTL, BanOptions, ShardSettings
 
@@ -339,11 +339,9 @@ def load(obj: Ctx, source: Any, partial: bool, dry_run: bool, type_: str | None,
 def _utf8(data: bytes, name: str) -> str:
     """A list file's text, or InputError naming the file and the line of the first byte that is not UTF-8."""
     try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line = data[:exc.start].count(b"\n") + 1
-        raise InputError(f"{name}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x}): save the file as "
-                         "UTF-8") from None
+        return decode_proxy_list(data, name)
+    except ProxyURLError as exc:
+        raise InputError(str(exc)) from None
 
 
 def _ban_ttl(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
