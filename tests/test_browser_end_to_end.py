@@ -7,6 +7,7 @@ Skipped locally when scrapy-playwright or chromium is missing, a failure under `
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -205,15 +206,22 @@ def test_a_page_the_spider_holds_keeps_its_proxy_until_the_spider_closes_it(two_
     assert stat(proc.stderr, "proxy_shard/browser/page_outlived_lease") == 0, why
 
 
-@pytest.fixture
-def redis_stack(tmp_path):
-    s = Stack(tmp_path, proxies=2)
+@contextlib.contextmanager
+def _stack_on_redis(tmp_path, site_args=(), *, proxies):
+    """The site and ``proxies`` local proxies (``Stack``) with a redis-server of their own."""
+    s = Stack(tmp_path, site_args, proxies=proxies)
     try:
         with RedisServer() as redis_server:
             s.redis_url = redis_server.url
             yield s
     finally:
         s.stop()
+
+
+@pytest.fixture
+def redis_stack(tmp_path):
+    with _stack_on_redis(tmp_path, proxies=2) as s:
+        yield s
 
 
 def test_a_quarantine_set_elsewhere_closes_the_proxys_context_here(redis_stack):
@@ -304,13 +312,9 @@ BURNT = "127.0.0.11"  # the site answers this proxy's every page with a 403
 
 @pytest.fixture
 def shared_stack(tmp_path):
-    s = Stack(tmp_path, ("--burnt", f"{SITE}={BURNT}", "--ban-styles", "403", "--flow-steps", "4"), proxies=6)
-    try:
-        with RedisServer() as redis_server:
-            s.redis_url = redis_server.url
-            yield s
-    finally:
-        s.stop()
+    with _stack_on_redis(tmp_path, ("--burnt", f"{SITE}={BURNT}", "--ban-styles", "403", "--flow-steps", "4"),
+                         proxies=6) as s:
+        yield s
 
 
 def test_three_browser_hosts_share_one_pool_as_the_site_sees_it(shared_stack):
