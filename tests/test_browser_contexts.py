@@ -325,14 +325,16 @@ def test_the_sweep_retires_contexts_of_proxies_quarantined_elsewhere_removed_or_
 # --- the lease of a held page (runtime + middlewares, fakeredis) ----------------------------------------
 
 def _harness():
-    return Harness({"DOWNLOAD_HANDLERS": {"https": PLAYWRIGHT}, "PROXY_SHARD_LEASE_TTL": 0.6},
-                   proxies=[AUTH_PROXY])
+    """A crawler with scrapy-playwright's handler declared, and the fake handler the runtime sees."""
+    h = Harness({"DOWNLOAD_HANDLERS": {"https": PLAYWRIGHT}, "PROXY_SHARD_LEASE_TTL": 0.6},
+                proxies=[AUTH_PROXY])
+    handler = FakeHandler()
+    h.runtime.browser._handlers = lambda: [handler]
+    return h, handler
 
 
 def test_a_held_page_keeps_its_lease_until_the_spider_closes_it():
-    h = _harness()
-    handler = FakeHandler()
-    h.runtime.browser._handlers = lambda: [handler]
+    h, handler = _harness()
 
     async def scenario():
         await h.open()
@@ -362,9 +364,7 @@ def test_a_held_page_keeps_its_lease_until_the_spider_closes_it():
 
 
 def test_a_ban_on_a_held_page_releases_at_once_and_the_retry_gets_no_page():
-    h = _harness()
-    handler = FakeHandler()
-    h.runtime.browser._handlers = lambda: [handler]
+    h, handler = _harness()
 
     async def scenario():
         await h.open()
@@ -382,8 +382,7 @@ def test_a_ban_on_a_held_page_releases_at_once_and_the_retry_gets_no_page():
 
 
 def test_html_response_of_a_browser_is_judged_like_any_other():
-    h = _harness()
-    h.runtime.browser._handlers = lambda: [FakeHandler()]
+    h, _ = _harness()
 
     async def scenario():
         await h.open()
