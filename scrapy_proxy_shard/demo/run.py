@@ -32,6 +32,7 @@ from scrapy_proxy_shard.demo.sitelog import Summary, read_log, summarize
 from scrapy_proxy_shard.engine import schema
 from scrapy_proxy_shard.engine.proxies import mask
 from scrapy_proxy_shard.engine.store import PoolStore
+from scrapy_proxy_shard.settings import DEFAULTS
 
 DEFAULT_SITES = ("shop-a.test", "shop-b.test", "market.test")
 #: (site, source IP) pairs the site has blacklisted before the crawl starts: the crawl must find
@@ -444,13 +445,13 @@ def _blind_window(config: DemoConfig, events: Events) -> tuple[float, float] | N
 
 
 #: The shortest brief quarantine (PROXY_SHARD_AUTOTHROTTLE_BAN_TTL's default, s): a rate-type ban's.
-BRIEF_REST = 1.0
+BRIEF_REST = float(DEFAULTS["PROXY_SHARD_AUTOTHROTTLE_BAN_TTL"])
 #: Ban disguises the plugin reads as rate-type (PROXY_SHARD_AUTOTHROTTLE_BAN_REASONS by default): their
 #: quarantine is brief (docs/pacing.md), x 4 per repeat for an IP that never answered the site clean.
 RATE_STYLES = frozenset({"429", "503", "captcha"})
 #: PROXY_SHARD_BAN_JITTER's default: every quarantine is up to this share shorter than its nominal
 #: length, and an escalation multiplies the length the last one actually had (so the jitter compounds).
-BAN_JITTER = 0.1
+BAN_JITTER = float(DEFAULTS["PROXY_SHARD_BAN_JITTER"])
 
 
 def _quarantine_reuse(entries: list[dict], quarantine: float,
