@@ -81,7 +81,7 @@ def _is_cluster(client: Any) -> bool:
     return isinstance(client, (redis.cluster.RedisCluster, redis.asyncio.cluster.RedisCluster))
 
 
-def _fcall_failed(exc: redis.ResponseError) -> str:
+def _fcall_failed(exc: redis.ResponseError, where: str) -> str:
     """What to do after an error reply to FCALL: "load" the library (the server does not have it: a new
     server, a restart without persistence, FUNCTION FLUSH) or use "evalsha" from now on (Redis < 7.0,
     a server or proxy without Functions, an ACL that refuses FCALL). Any other error is the
@@ -91,7 +91,8 @@ def _fcall_failed(exc: redis.ResponseError) -> str:
         return "load"
     lowered = text.lower()
     if isinstance(exc, redis.exceptions.NoPermissionError) or ("unknown command" in lowered and "fcall" in lowered):
-        logger.info("proxy_shard: Redis runs no Functions here (%(e)s): lease and release use EVALSHA", {"e": exc})
+        logger.info("proxy_shard: %(where)s runs no Functions (%(e)s): lease and release use EVALSHA",
+                    {"where": where, "e": exc})
         return "evalsha"
     raise exc
 
@@ -104,7 +105,7 @@ def _loaded(library: FunctionLibrary, where: str) -> str:
     return "fcall"
 
 
-def _load_failed(exc: redis.ResponseError, library: FunctionLibrary) -> str:
+def _load_failed(exc: redis.ResponseError, library: FunctionLibrary, where: str) -> str:
     """What to do after an error reply to FUNCTION LOAD: "fcall" (another client loaded the same
     library first) or "evalsha" (the server will not load it: no Functions, an ACL, a Lua limit of a
     Redis-compatible server). BUSY, LOADING and OOM are transient: raised again, for ``_call``."""
@@ -113,8 +114,8 @@ def _load_failed(exc: redis.ResponseError, library: FunctionLibrary) -> str:
         return "fcall"
     if text.startswith(("BUSY", "OOM")) or isinstance(exc, redis.BusyLoadingError):
         raise exc
-    logger.warning("proxy_shard: Redis refused to load the lease/release Functions (%(e)s); lease and release "
-                   "use EVALSHA", {"e": exc})
+    logger.warning("proxy_shard: %(where)s refused to load the lease/release Functions (%(e)s); lease and "
+                   "release use EVALSHA", {"where": where, "e": exc})
     return "evalsha"
 
 
@@ -194,12 +195,12 @@ class _Calls:
         script = self._scripts[request.name]
         if sent[0] == "FCALL":
             library = self._functions
-            step = _fcall_failed(exc)  # raises the function's own error reply
+            step = _fcall_failed(exc, self._location)  # raises the function's own error reply
             if step == "load" and library is not None:
                 try:
                     yield "execute_command", ("FUNCTION", "LOAD", library.source)
                 except redis.ResponseError as load_exc:
-                    step = _load_failed(load_exc, library)
+                    step = _load_failed(load_exc, library, self._location)
                 else:
                     step = _loaded(library, self._location)
             if step == "fcall":

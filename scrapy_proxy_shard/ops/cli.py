@@ -460,6 +460,15 @@ def unban(obj: Ctx, proxy: str | None, site: str | None, all_: bool, yes: bool) 
         click.echo(f"proxy {pid} ({_masked(obj, pid)}): no quarantine {where}")
 
 
+def _confirm_on_stderr(question: str) -> None:
+    """Ask on stderr, read the answer from stdin, abort unless it is yes. Not ``click.confirm(err=True)``:
+    click < 8.4 writes the prompt's last character to stdout, into a script's piped output."""
+    click.echo(f"{question} [y/N]: ", nl=False, err=True)
+    answer = click.get_text_stream("stdin").readline()
+    if answer.strip().lower() not in ("y", "yes"):
+        raise click.Abort()
+
+
 def _unban_pool(obj: Ctx, yes: bool) -> None:
     """``unban --all``: every quarantine entry of the pool (running ones, and ended ones whose strikes are
     remembered for escalation), after a confirmation on stderr that says how many."""
@@ -479,7 +488,7 @@ def _unban_pool(obj: Ctx, yes: bool) -> None:
     if ended:
         what += f" and forget the strikes of {ended} ended one(s)"
     if not yes:
-        click.confirm(f"Lift {what}?", abort=True, err=True)
+        _confirm_on_stderr(f"Lift {what}?")
     lifted = sum(1 for b in entries if store.unban(pool, b.proxy_id, site=None if b.scope == "*" else b.scope))
     click.echo(f"pool {pool!r}: {len(running)} quarantine(s) lifted ({len(running) - wide} on a site, {wide} "
                f"proxy-wide), {lifted} entries cleared (strikes forgotten)")
