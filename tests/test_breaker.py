@@ -49,7 +49,7 @@ def ban_through(store, n, site=SITE, reason="http_403"):
 
 
 def sstat(store, name, site=SITE):
-    return int(store.counters(POOL, schema.SSTATS).get(schema.owned(site, name), 0))
+    return int(store.site_counters(POOL, [site]).get(site, {}).get(name, 0))
 
 
 def open_breaker(hosts):

@@ -44,7 +44,7 @@ class ReadPool:
 
     def finish(self, server) -> None:
         store = PoolStore(redis.Redis.from_url(server.url, decode_responses=True), namespace=NAMESPACE)
-        self.site_stats = store.counters("datacenter", schema.SSTATS)
+        self.site_stats = store.site_counters("datacenter").get(DOWN, {})
         self.bans = store.bans("datacenter")
         self.breaker = store.breaker("datacenter", DOWN)
         self.proxies = store.pool_size("datacenter")
@@ -85,7 +85,7 @@ def test_a_site_that_rejects_everyone_burns_at_most_five_proxies_and_the_crawl_r
 
     # Redis agrees: at most five quarantines started on the site, none on the others for the blackout,
     # no proxy lost, and the breaker is closed again.
-    started = pool.site_stats.get(schema.owned(DOWN, schema.QUARANTINES), 0)
+    started = pool.site_stats.get(schema.QUARANTINES, 0)
     assert 1 <= started <= 5, (pool.site_stats, report)
     assert {b.proxy_id for b in pool.bans if b.scope == DOWN} and pool.proxies == 8, report
     assert pool.breaker is None, report
@@ -93,8 +93,8 @@ def test_a_site_that_rejects_everyone_burns_at_most_five_proxies_and_the_crawl_r
     # The breaker opened (once per episode: one host's release decided it for all) and closed.
     opened = sum(h.stats.get("proxy_shard/breaker/opened", 0) for h in result.hosts)
     closed = sum(h.stats.get("proxy_shard/breaker/closed", 0) for h in result.hosts)
-    assert opened == 1 == pool.site_stats.get(schema.owned(DOWN, schema.BREAKER_OPENED)), report
-    assert closed == 1 == pool.site_stats.get(schema.owned(DOWN, schema.BREAKER_CLOSED)), report
+    assert opened == 1 == pool.site_stats.get(schema.BREAKER_OPENED), report
+    assert closed == 1 == pool.site_stats.get(schema.BREAKER_CLOSED), report
     assert sum(h.stats.get("proxy_shard/breaker/spared", 0) for h in result.hosts) >= 1, report
     warnings = [line for h in result.hosts for line in h.log_path.read_text().splitlines()
                 if "circuit breaker OPEN for site market.test" in line]

@@ -776,6 +776,6 @@ def test_a_resent_release_answers_its_first_reply_and_records_once(store, clock)
     sticky = lease_ok(store, session_id="s1", session_ttl=60)
     first = store.release(sticky, min_interval=0.0)
     assert first.status == "ok" and store.release(sticky, min_interval=0.0) == first
-    counters, sstats = store.counters(POOL), store.counters(POOL, "sstats")
+    counters, site = store.counters(POOL), store.site_counters(POOL)["a.example"]
     assert counters["expired"] == 1 and counters["q_started"] == 1
-    assert sstats["a.example:ok"] == 2 and sstats["a.example:err"] == 1 and sstats["a.example:banned"] == 1
+    assert site["ok"] == 2 and site["err"] == 1 and site["banned"] == 1

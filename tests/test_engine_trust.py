@@ -157,7 +157,7 @@ def test_lease_release_and_session_resent_after_a_timeout_run_once(real_redis, r
     result = _stall_then(redis_server, lambda c: PoolStore(c, namespace="t").release(first))
     assert result.status == "ok"
     assert admin.counters(POOL).get("expired", 0) == 0
-    assert admin.counters(POOL, "sstats")["a.example:ok"] == 1
+    assert admin.site_counters(POOL)["a.example"]["ok"] == 1
 
     session = leased(_stall_then(redis_server, lambda c: lease(c, session_id="s", session_ttl=60)))
     assert session.proxy_id == first.proxy_id
@@ -179,10 +179,10 @@ def test_a_lease_whose_reply_is_lost_for_good_is_given_back_at_the_next_call(rea
     # A first cycle: the store has met the server (its lease/release Functions loaded, or learnt that
     # it has none), so the stalled call below is the lease script itself.
     store.release(store.lease(POOL, "a.example", ttl=300), outcome="ok")
-    counted = int(real_redis.hget(admin.prefix(POOL) + ":sstats", "a.example:l"))
+    counted = int(real_redis.hget(admin.prefix(POOL) + ":sitestats:a.example", "l"))
     with pytest.raises(PoolBackendError):
         _stall_then(redis_server, lambda c: store.lease(POOL, "a.example", ttl=300), seconds=2.0)
-    assert int(real_redis.hget(admin.prefix(POOL) + ":sstats", "a.example:l")) == counted + 1  # Redis ran it
+    assert int(real_redis.hget(admin.prefix(POOL) + ":sitestats:a.example", "l")) == counted + 1  # Redis ran it
     assert isinstance(admin.lease(POOL, "a.example", ttl=300), LeaseWait)  # held for nobody, so far
     assert store.ping()  # any next call settles first
     assert settled == ["released"]

@@ -25,7 +25,9 @@ from scrapy_proxy_shard.ops.snapshot import read_pool
 PACKAGE = Path(schema.__file__).resolve().parent.parent
 LUA = {path.name: path.read_text(encoding="utf-8") for path in sorted((PACKAGE / "engine" / "lua").glob("*.lua"))}
 STAT_HASHES = {"K_PSTATS": schema.PSTATS, "K_HSTATS": schema.HSTATS, "K_SSTATS": schema.SSTATS,
-               "K_COUNTERS": schema.COUNTERS}
+               "K_SITESTATS": schema.SITESTATS, "K_COUNTERS": schema.COUNTERS}
+#: The hashes whose fields are the counter names themselves (the others: "<owner>:<counter>").
+PLAIN_HASHES = ("K_COUNTERS", "K_SITESTATS")
 #: Python modules that read the schema: none may spell a key suffix or counter field itself. The store is
 #: every engine/store*.py module (store.py composes the mixins of the others) and the records it returns.
 READERS = (*(f"engine/{path.name}" for path in sorted((PACKAGE / "engine").glob("store*.py"))),
@@ -86,12 +88,14 @@ def _lua_counter_fields() -> dict[str, set[str]]:
         code = _code(source)
         for variable, hash_name in STAT_HASHES.items():
             for _, args in _calls_on(code, variable):
-                if variable == "K_COUNTERS":
-                    fields[hash_name].update(re.findall(r"^, '(\w+)'", args))
+                if variable in PLAIN_HASHES:  # a site's "ban:<reason>" too
+                    fields[hash_name].update(re.findall(r"^, '(\w+)(?::|')", args))
                 else:  # "<owner>:<counter>", and a site's "ban:<reason>"
                     fields[hash_name].update(re.findall(r"\.\. ':(\w+)(?::|')", args))
                 if "string.lower(status)" in args:
                     fields[hash_name].update(_release_statuses())
+        # _lib.lua's site_stat(field) counts in the call's site counters (K_SITESTATS)
+        fields[schema.SITESTATS].update(re.findall(r"\bsite_stat\('(\w+)(?::|')", code))
     return fields
 
 
@@ -187,16 +191,16 @@ def test_every_counter_field_in_lua_is_a_schema_constant_and_back():
     used = set().union(*fields.values())
     assert used <= {*schema.COUNTER_FIELDS, schema.LEGACY_HOST_BANNED}, used - set(schema.COUNTER_FIELDS)
     assert set(schema.COUNTER_FIELDS) <= used, set(schema.COUNTER_FIELDS) - used
-    assert set(schema.COUNTER_HASHES) == set(STAT_HASHES.values())
+    assert {*schema.COUNTER_HASHES, schema.SITESTATS} == set(STAT_HASHES.values())
 
 
 def test_ban_and_banned_keep_one_meaning_on_every_scope():
     """``banned`` counts responses judged a ban (host, site); ``ban`` quarantines started (proxy, site):
     the counters written by release.lua for a ban verdict and by ban() for a quarantine never cross."""
     verdict = _code(LUA["release.lua"]).split("elseif outcome == 'ban'", 1)[1].split("elseif", 1)[0]
-    assert re.findall(r"\.\. ':(\w+)'", verdict) == [schema.BANNED, schema.BANNED]
+    assert re.findall(r"(?:\.\. ':|K_SITESTATS, ')(\w+)'", verdict) == [schema.BANNED, schema.BANNED]
     started = _code(LUA["_lib.lua"]).split("local function ban(", 1)[1].split("\nend", 1)[0]
-    assert set(re.findall(r"\.\. ':(\w+)(?::|')", started)) == {schema.QUARANTINES}
+    assert set(re.findall(r"(?:\.\. ':|site_stat\(')(\w+)(?::|')", started)) == {schema.QUARANTINES}
     old_name = [(command, args) for source in LUA.values() for command, args in _calls_on(_code(source), "K_HSTATS")
                 if "':ban'" in args]
     # a host's old field is only read (always beside banned) or deleted with the host, never written

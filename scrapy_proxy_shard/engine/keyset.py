@@ -28,19 +28,20 @@ LEASE_MEMO = "lease_memo"
 POOL_ROLES = frozenset({s.PROXIES, s.TAGS, s.ORDER, s.SITEIDX, s.BANS, s.BANIDX, s.PSTATS, s.HSTATS, s.SSTATS,
                         s.COUNTERS, s.META, s.HOSTS, s.HOSTINFO, s.LOAD})
 #: Keys of the call's site, named ``<prefix>:<role>:<site>``.
-SITE_ROLES = frozenset({s.SITE, s.READY, s.WAITING, s.FREED, s.BREAKER, s.BREAKER_SEEN, s.PACE, s.CONTENT})
+SITE_ROLES = frozenset({s.SITE, s.READY, s.WAITING, s.FREED, s.BREAKER, s.BREAKER_SEEN, s.PACE, s.CONTENT,
+                        s.SITESTATS})
 
 #: KEYS of every script with a fixed key list, in order.
 ROLES: dict[str, tuple[str, ...]] = {
-    "lease": (MEMO, s.PROXIES, s.META, s.ORDER, s.BANS, s.PSTATS, s.HSTATS, s.SSTATS, s.COUNTERS, s.SITEIDX,
+    "lease": (MEMO, s.PROXIES, s.META, s.ORDER, s.BANS, s.PSTATS, s.HSTATS, s.SITESTATS, s.COUNTERS, s.SITEIDX,
               s.SITE, s.READY, s.WAITING, s.SESSION, s.BREAKER),
-    "release": (LEASE_MEMO, s.PROXIES, s.BANS, s.BANIDX, s.PSTATS, s.HSTATS, s.SSTATS, s.COUNTERS, s.SITEIDX, s.SITE,
-                s.READY, s.WAITING, s.FREED, s.SESSION, s.BREAKER, s.BREAKER_SEEN, s.PACE),
+    "release": (LEASE_MEMO, s.PROXIES, s.BANS, s.BANIDX, s.PSTATS, s.HSTATS, s.SSTATS, s.SITESTATS, s.COUNTERS,
+                s.SITEIDX, s.SITE, s.READY, s.WAITING, s.FREED, s.SESSION, s.BREAKER, s.BREAKER_SEEN, s.PACE),
     "abandon": (MEMO, LEASE_MEMO, s.BANS, s.SITE, s.READY, s.WAITING, s.FREED, s.SESSION),
-    "hold": (MEMO, s.PROXIES, s.META, s.ORDER, s.BANS, s.PSTATS, s.HSTATS, s.SITEIDX, s.SITE, s.READY),
+    "hold": (MEMO, s.PROXIES, s.META, s.ORDER, s.BANS, s.PSTATS, s.HSTATS, s.SITESTATS, s.SITEIDX, s.SITE, s.READY),
     "lift": (s.BANS, s.SITE, s.READY),
     "end_session": (s.BANS, s.SITE, s.READY, s.WAITING, s.FREED, s.SESSION),
-    "ban": (s.PROXIES, s.BANS, s.BANIDX, s.PSTATS, s.SSTATS, s.COUNTERS, s.SITE, s.READY),
+    "ban": (s.PROXIES, s.BANS, s.BANIDX, s.PSTATS, s.SSTATS, s.SITESTATS, s.COUNTERS, s.SITE, s.READY),
     "unban": (s.BANS, s.BANIDX, s.COUNTERS, s.SITE, s.READY),
     "add": (s.META, s.PROXIES, s.TAGS, s.BANS, s.BANIDX, s.ORDER),
     "remove": (s.PROXIES, s.TAGS, s.PSTATS, s.ORDER),
@@ -49,7 +50,7 @@ ROLES: dict[str, tuple[str, ...]] = {
     "hosts": (s.HOSTS, s.HOSTINFO, s.LOAD, s.HSTATS),
     "host_list": (s.HOSTS, s.HOSTINFO),
     "pool_status": (s.BANS, s.SITE, s.READY),
-    "content": (s.PROXIES, s.SSTATS, s.BREAKER, s.CONTENT),
+    "content": (s.PROXIES, s.SITESTATS, s.BREAKER, s.CONTENT),
 }
 #: Scripts whose KEYS depend on data (built by ``sites_keys``, ``session_keys``, ``migrate_*_keys``).
 VARIABLE = ("sites", "sessions", "migrate")

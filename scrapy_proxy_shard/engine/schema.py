@@ -31,7 +31,8 @@ BANS = "bans"            # HASH "<site>|<id>" -> "until_ms|strikes|reason|since"
 BANIDX = "banidx"        # ZSET ban entry -> ms after which it is forgotten
 PSTATS = "pstats"        # HASH "<proxy id>:<counter>"
 HSTATS = "hstats"        # HASH "<host>:<counter>"
-SSTATS = "sstats"        # HASH "<site>:<counter>" (site "*" = proxy-wide quarantines)
+SSTATS = "sstats"        # HASH "*:<counter>": proxy-wide quarantines (ban, ban:<reason>)
+SITESTATS = "sitestats"  # HASH per site: "<counter>"; expires with the site's state (SITE_IDLE_TTL)
 COUNTERS = "counters"    # HASH pool-wide counters
 WAITING = "waiting"      # STRING per site: someone got a WAIT lately
 FREED = "freed"          # LIST per site: one entry per slot given back (waiters BLPOP it)
@@ -45,7 +46,7 @@ BREAKER_SEEN = "brkseen"  # ZSET per site: quarantines started since the site's 
 PACE = "pace"            # HASH per site: the learned interval of adaptive pacing (fields PACE_FIELDS)
 CONTENT = "content"      # HASH per site: whether a content check ever passed there (content.lua)
 KEY_SUFFIXES = (PROXIES, TAGS, ORDER, SITE, SITEIDX, READY, SESSION, BANS, BANIDX, PSTATS, HSTATS, SSTATS,
-                COUNTERS, WAITING, FREED, HOSTS, HOSTINFO, LOAD, DONE, META, BREAKER, BREAKER_SEEN,
+                SITESTATS, COUNTERS, WAITING, FREED, HOSTS, HOSTINFO, LOAD, DONE, META, BREAKER, BREAKER_SEEN,
                 PACE, CONTENT)
 #: Keys of the layout before sites learnt proxies lazily (read only by the in-place migration,
 #: ``PoolStore.migrate``: P:sites is the hash site -> slots per proxy, P:sitebuild is deleted).

@@ -75,6 +75,27 @@ class _Views:
         raw = yield _Command(("HGETALL", keys.sub_key(self.prefix(pool), which)))
         return {k: float(v) for k, v in (raw or {}).items()}
 
+    def site_counters(self, pool: str, sites: Iterable[str] | None = None):
+        """Counters by site: each live site's own (``SITESTATS``: they expire with the site's state, so
+        a site idle past PROXY_SHARD_SITE_IDLE_TTL has none) and ``"*"``, the proxy-wide quarantines.
+        ``sites``: the live sites when the caller has read them already (``sites()``)."""
+        return self._drive(self._site_counters(pool, sites))
+
+    def _site_counters(self, pool, sites) -> Plan:
+        prefix = self.prefix(pool)
+        if sites is None:
+            sites = yield from self._sites(pool)
+        out: dict[str, dict[str, float]] = {}
+        wide = yield _Command(("HGETALL", keys.sub_key(prefix, keys.SSTATS)))
+        for field, value in (wide or {}).items():
+            owner, _, counter = field.partition(":")
+            out.setdefault(owner, {})[counter] = float(value)
+        for site in sites:
+            raw = yield _Command(("HGETALL", keys.site_part(prefix, keys.SITESTATS, site)))
+            if raw:
+                out[site] = {k: float(v) for k, v in raw.items()}
+        return out
+
     def session_proxy(self, pool: str, site: str, session_id: str):
         """Proxy id a sticky session is bound to now, or None."""
         return self._drive(self._session_proxy(pool, site, session_id))

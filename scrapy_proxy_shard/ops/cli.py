@@ -464,7 +464,7 @@ def _confirm_on_stderr(question: str) -> None:
     """Ask on stderr, read the answer from stdin, abort unless it is yes. Not ``click.confirm(err=True)``:
     click < 8.4 writes the prompt's last character to stdout, into a script's piped output."""
     click.echo(f"{question} [y/N]: ", nl=False, err=True)
-    answer = click.get_text_stream("stdin").readline()
+    answer = sys.stdin.readline()
     if answer.strip().lower() not in ("y", "yes"):
         raise click.Abort()
 

@@ -254,10 +254,10 @@ def read_pool(store: PoolStore, pool: str, *, detail: bool = False) -> PoolSnaps
         sites=sites,
         bans=[b for b in bans if present.get(b.proxy_id)],
         hosts=store.hosts(pool),
-        site_stats=_split(store.counters(pool, schema.SSTATS), first=True),
-        host_stats=_split(store.counters(pool, schema.HSTATS), first=False),
+        site_stats=store.site_counters(pool, site_names),
+        host_stats=_split(store.counters(pool, schema.HSTATS)),
         proxy_stats=({r.id: r.stats for r in records} if records is not None
-                     else _split(store.counters(pool, schema.PSTATS), first=False)),
+                     else _split(store.counters(pool, schema.PSTATS))),
         counters=store.counters(pool, schema.COUNTERS),
         concurrency=site_names,
         records=records,
@@ -272,14 +272,11 @@ def _outcomes(stats: dict[str, Any], *, also_banned: float = 0) -> Outcomes:
                     int(stats.get(schema.BANNED, 0) + also_banned))
 
 
-def _split(flat: dict[str, float], *, first: bool) -> dict[str, dict[str, Any]]:
-    """``"<owner>:<counter>"`` fields into {owner: {counter: value}}.
-
-    Site keys hold no ':' but site counters may (``ban:<reason>``): split at the first. Host ids may
-    hold ':' (``hostname:pid``) and proxy/host counters do not: split at the last.
-    """
+def _split(flat: dict[str, float]) -> dict[str, dict[str, Any]]:
+    """``"<owner>:<counter>"`` fields into {owner: {counter: value}}: host ids may hold ':'
+    (``hostname:pid``) and proxy/host counters do not, so split at the last."""
     out: dict[str, dict[str, Any]] = {}
     for name, value in flat.items():
-        owner, _, counter = name.partition(":") if first else name.rpartition(":")
+        owner, _, counter = name.rpartition(":")
         out.setdefault(owner, {})[counter] = value
     return out

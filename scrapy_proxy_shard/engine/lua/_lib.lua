@@ -25,8 +25,10 @@
 --                               started, lat = EWMA ms)
 --   P:hstats             HASH   "<host>:<counter>" per host (l, ok, err, banned = responses judged a ban,
 --                               stale, expired; ban is banned's name before the rename: read, never written)
---   P:sstats             HASH   "<site>:<counter>" per site (l, ok, err, banned = responses judged a ban,
---                               ban and ban:<reason> = quarantines started; site "*" = proxy-wide)
+--   P:sitestats:<site>   HASH   the site's counters (l, ok, err, banned = responses judged a ban, ban and
+--                               ban:<reason> = quarantines started, brk_*); expires with the site's
+--                               state (touch_site), so a site touched once costs nothing once idle
+--   P:sstats             HASH   "*:<counter>": proxy-wide quarantines started (ban, ban:<reason>)
 --   Every key suffix and counter field is named in schema.py too (tests/test_schema.py compares them).
 --   P:counters           HASH   pool-wide counters (stale, expired, rebinds, q_started = quarantines
 --                               started, q_ms = their total length in ms, less what unban cut short)
@@ -279,19 +281,35 @@ local function learn(site, c, seq, pool_seq, now)
   return seq >= pool_seq
 end
 
--- Keep a site's state alive while it is used: its two keys (ready ZSET, site hash with the held
--- records) expire SITE idle ms after the last hold ends (`until_ms`), so an idle site costs nothing;
--- P:siteidx lists live sites by that expiry. Both keys are created in the call that first touches
--- the site and always get the same expiry, so checking one is enough. Refreshed only when a quarter
--- of the idle time has been used up (one PTTL on most calls). Every call that starts or extends a
+-- Count one `field` in the call's site counters (P:sitestats:<site>), from a call that may not touch
+-- the site (a ban by an operator, a breaker's or a content check's change): a counters hash with no
+-- expiry gets SITESTATS_KEEP_MS, so counters of a site nobody leases again never stay. A site in use
+-- gives them its own idle expiry (touch_site).
+local SITESTATS_KEEP_MS = 86400000
+local function site_stat(field)
+  redis.call('HINCRBY', K_SITESTATS, field, 1)
+  if redis.call('PTTL', K_SITESTATS) == -1 then redis.call('PEXPIRE', K_SITESTATS, SITESTATS_KEEP_MS) end
+end
+
+-- Keep a site's state alive while it is used: its keys (ready ZSET, site hash with the held records,
+-- its counters) expire SITE idle ms after the last hold ends (`until_ms`), so an idle site costs
+-- nothing; P:siteidx lists live sites by that expiry. The ready ZSET and the site hash are created in
+-- the call that first touches the site and always get the same expiry; the counters hash is checked
+-- too (first written by a call that does not touch the site, it may carry another keep time: see
+-- site_stat). Refreshed only when a quarter of the idle time has been used up (two PTTLs on most calls). Every call that starts or extends a
 -- hold calls it, so a site's state (its held records with it) never expires while a slot is held.
 local function touch_site(site, until_ms, idle, now)
   local want = until_ms - now + idle
   local left = redis.call('PTTL', K_READY)
+  local counted = redis.call('PTTL', K_SITESTATS)  -- -2: no counter yet (nothing to expire)
+  if counted ~= -2 and counted < left then left = counted end
   if left >= 0 and left > want - math.floor(idle / 4) then return end
   redis.call('PEXPIRE', K_READY, want)
   redis.call('PEXPIRE', K_SITE, want)
+  redis.call('PEXPIRE', K_SITESTATS, want)
   redis.call('ZADD', K_SITEIDX, now + want, site)
+  -- the index lives as long as its latest site: once every site is idle, it is gone too
+  if redis.call('PTTL', K_SITEIDX) < want then redis.call('PEXPIRE', K_SITEIDX, want) end
   -- Forget index entries of sites that expired (their keys are gone already).
   local gone = redis.call('ZRANGEBYSCORE', K_SITEIDX, '-inf', now, 'LIMIT', 0, 8)
   if #gone > 0 then redis.call('ZREM', K_SITEIDX, unpack(gone)) end
@@ -388,8 +406,13 @@ local function ban(scope, id, reason, base_ms, max_ms, jitter, window_ms, now, f
   -- lease checks the proxy it picks (see lease.lua) and defers it there.
   if scope ~= '*' then hold_slots(id, until_ms) end
   redis.call('HINCRBY', K_PSTATS, id .. ':ban', 1)
-  redis.call('HINCRBY', K_SSTATS, scope .. ':ban', 1)
-  redis.call('HINCRBY', K_SSTATS, scope .. ':ban:' .. reason, 1)
+  if scope == '*' then  -- proxy-wide: the pool's hash (its fields: one per reason, a bounded set)
+    redis.call('HINCRBY', K_SSTATS, scope .. ':ban', 1)
+    redis.call('HINCRBY', K_SSTATS, scope .. ':ban:' .. reason, 1)
+  else
+    site_stat('ban')
+    site_stat('ban:' .. reason)
+  end
   forget_old_bans(now)
   return until_ms, strikes, 1
 end
@@ -558,7 +581,7 @@ local function breaker_reopen(site, now)
   local cool = (tonumber(b[1]) or 1) * 2
   local maxc = tonumber(b[2]) or cool
   if cool > maxc then cool = maxc end
-  redis.call('HINCRBY', K_SSTATS, site .. ':brk_reopen', 1)
+  site_stat('brk_reopen')
   return breaker_open_for(cool, now)
 end
 
@@ -611,17 +634,17 @@ local function breaker_on_release(site, token, outcome, now, b)
   if b[2] == token then
     if outcome == 'ok' then
       redis.call('DEL', K_BREAKER, K_BRKSEEN)
-      redis.call('HINCRBY', K_SSTATS, site .. ':brk_close', 1)
+      site_stat('brk_close')
       announce_all()
       return false, {'closed', 0, 0, '', 0, 0}
     elseif outcome == 'ban' then
-      redis.call('HINCRBY', K_SSTATS, site .. ':brk_spared', 1)
+      site_stat('brk_spared')
       return true, {'reopened', 0, 0, '', 0, breaker_reopen(site, now)}
     end
     redis.call('HSET', K_BREAKER, 'ptok', '', 'pexp', 0)  -- no verdict (error, 404...): the next lease probes
   end
   if outcome ~= 'ban' then return true, nil end
-  redis.call('HINCRBY', K_SSTATS, site .. ':brk_spared', 1)
+  site_stat('brk_spared')
   return true, {'spared', 0, 0, '', 0, 0}
 end
 
@@ -653,7 +676,7 @@ local function breaker_evidence(site, id, reason, now, conf)
   redis.call('DEL', K_BREAKER, K_BRKSEEN)
   redis.call('HSET', K_BREAKER, 'maxc', istr(conf.maxc), 'probes', conf.probes, 'since', istr(now), 'trips', 0)
   breaker_open_for(conf.cool, now)
-  redis.call('HINCRBY', K_SSTATS, site .. ':brk_open', 1)
+  site_stat('brk_open')
   return {'opened', #seen, distinct, table.concat(parts, ','), conf.window, conf.cool}
 end
 

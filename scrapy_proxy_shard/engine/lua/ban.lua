@@ -1,6 +1,6 @@
 -- ban.lua: quarantine a proxy on a site (or site group), or proxy-wide, without holding a lease
 -- (operators, the CLI, or a ban learned outside a lease).
--- KEYS: proxies bans banidx pstats sstats counters site ready
+-- KEYS: proxies bans banidx pstats sstats sitestats counters site ready
 --        (roles in order, see engine/keyset.py: site/ready of the scope ARGV[1]; with scope "*" they
 --        are declared but not touched)
 -- ARGV[1]  scope: a site key, or "*" for a proxy-wide quarantine (dead proxy)

@@ -9,7 +9,7 @@
 --                           f:<proxy id> = ms of that proxy's failure while it never passed;
 --                           chk = the failing check (e.g. "missing_css div.product")
 --                           Kept CONTENT_KEEP_MS after its last use.
--- KEYS: proxies sstats breaker content   (roles in order, see engine/keyset.py; per-site keys of ARGV[1])
+-- KEYS: proxies sitestats breaker content   (roles in order, see engine/keyset.py; per-site keys of ARGV[1])
 -- ARGV[1]  site    ARGV[2]  "pass" | "fail"    ARGV[3]  proxy id ("" with "pass")
 -- ARGV[4]  the check, as logged (with "fail")
 -- ARGV[5]  distinct proxies whose failure makes the check suspect enough to open the breaker
@@ -63,5 +63,5 @@ if n < needed then return {'SUSPECT', n, needed} end
 redis.call('HSET', K_BREAKER, 'maxc', istr(conf.maxc), 'probes', conf.probes, 'since', istr(now), 'trips', 0,
   'cause', 'content', 'chk', ARGV[4])
 breaker_open_for(conf.cool, now)
-redis.call('HINCRBY', K_SSTATS, site .. ':brk_open', 1)
+site_stat('brk_open')
 return {'OPENED', n, needed, conf.cool}

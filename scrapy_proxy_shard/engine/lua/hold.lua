@@ -9,7 +9,7 @@
 -- answer is BUSY: nobody else is handed it before then, even when that holder releases it earlier
 -- (the overlap floor, see floor_field) until that lease ends: its host calls lift.lua with this
 -- call's token when its request ends, and the floor then drops to the other overlaps' ends, if any.
--- KEYS: memo proxies meta order bans pstats hstats siteidx site ready
+-- KEYS: memo proxies meta order bans pstats hstats sitestats siteidx site ready
 --        (roles in order, see engine/keyset.py: memo = P:done:hold:<token>, per-site keys of ARGV[1])
 -- ARGV[1]  site    ARGV[2]  member "<id>/<k>"    ARGV[3]  concurrency (slots per proxy, if the
 --          site is new)    ARGV[4]  TTL, ms    ARGV[5]  token    ARGV[6]  host id

@@ -1,5 +1,5 @@
 -- lease.lua: lease the proxy slot that has been free longest on a site, or continue a sticky session.
--- KEYS: memo proxies meta order bans pstats hstats sstats counters siteidx site ready waiting session breaker
+-- KEYS: memo proxies meta order bans pstats hstats sitestats counters siteidx site ready waiting session breaker
 --        (roles in order, see engine/keyset.py: memo = P:done:lease:<token>, site/ready/waiting/breaker
 --        of ARGV[1], session = P:session:<site>:<ARGV[6]>)
 -- ARGV[1]  site (exclusivity key: registrable domain or site group)
@@ -100,7 +100,7 @@ end
 local function count_lease(id)
   redis.call('HINCRBY', K_PSTATS, id .. ':l', 1)
   redis.call('HINCRBY', K_HSTATS, host .. ':l', 1)
-  redis.call('HINCRBY', K_SSTATS, site .. ':l', 1)
+  redis.call('HINCRBY', K_SITESTATS, 'l', 1)
 end
 
 if sid ~= '' then
@@ -120,8 +120,8 @@ if sid ~= '' then
       -- Not below an overlap floor (see floor_field): the session may lapse before it.
       local hold = not_before_floor(now + session_ttl, redis.call('HGET', K_SITE, floor_field(member)))
       redis.call('ZADD', ready, 'XX', hold, member)
+      count_lease(id)  -- before touch_site: the site's counters expire with it from their first write
       touch_site(site, now + session_ttl, idle, now)
-      count_lease(id)
       if probing then
         --@lazy breaker_probe_taken
         breaker_probe_taken(token, now + ttl)
@@ -230,8 +230,8 @@ if c > 1 then
     redis.call('ZADD', ready, 'XX', 'GT', unpack(others))
   end
 end
+count_lease(id)  -- before touch_site: the site's counters expire with it from their first write
 touch_site(site, hold, idle, now)
-count_lease(id)
 if probing then
   --@lazy breaker_probe_taken
   breaker_probe_taken(token, now + ttl)

@@ -1,5 +1,5 @@
 -- release.lua: end one use of a leased slot, record its outcome, and quarantine the proxy if banned.
--- KEYS: lease_memo proxies bans banidx pstats hstats sstats counters siteidx site ready waiting freed session breaker brkseen pace
+-- KEYS: lease_memo proxies bans banidx pstats hstats sstats sitestats counters siteidx site ready waiting freed session breaker brkseen pace
 --        (roles in order, see engine/keyset.py: lease_memo = P:done:lease:<token>, the lease's memo,
 --        which this release's reply overwrites (see remember_release in _lib.lua); per-site keys of ARGV[1],
 --        session = P:session:<site>:<ARGV[8]>)
@@ -214,7 +214,7 @@ if breaker then  -- on for this host (the breaker helpers are defined only when 
 end
 if outcome == 'ok' then
   redis.call('HINCRBY', K_HSTATS, host .. ':ok', 1)
-  redis.call('HINCRBY', K_SSTATS, site .. ':ok', 1)
+  redis.call('HINCRBY', K_SITESTATS, 'ok', 1)
   if latency >= 0 then  -- the proxy's count and EWMA latency: one read, one write
     local alpha = tonumber(ARGV[15])
     local p = redis.call('HMGET', K_PSTATS, id .. ':ok', id .. ':lat')
@@ -231,7 +231,7 @@ elseif outcome == 'ban' or outcome == 'dead' then
   if outcome == 'dead' then scope = '*' end
   -- responses judged a ban are ':banned' on every scope (':ban' counts quarantines started: see ban())
   redis.call('HINCRBY', K_HSTATS, host .. ':banned', 1)
-  redis.call('HINCRBY', K_SSTATS, site .. ':banned', 1)
+  redis.call('HINCRBY', K_SITESTATS, 'banned', 1)
   local started = 0
   if not (outcome == 'ban' and spare) then  -- spared: the site's breaker is open or half-open
     -- Quarantine fit to the cause: a rate-type ban, or any ban of a proxy that answered clean or came
@@ -271,7 +271,7 @@ elseif outcome == 'ban' or outcome == 'dead' then
 elseif outcome == 'error' then
   redis.call('HINCRBY', K_PSTATS, id .. ':err', 1)
   redis.call('HINCRBY', K_HSTATS, host .. ':err', 1)
-  redis.call('HINCRBY', K_SSTATS, site .. ':err', 1)
+  redis.call('HINCRBY', K_SITESTATS, 'err', 1)
 end
 event = event or {'', 0, 0, '', 0, 0}
 local reply = {status, now, ban_until, strikes}
