@@ -16,10 +16,7 @@ import subprocess
 import sys
 
 import pytest
-
-from scrapy_proxy_shard.demo.redis_server import RedisServer
-from scrapy_proxy_shard.demo.sitelog import summarize
-from tests.test_handlers_end_to_end import (
+from test_handlers_end_to_end import (
     BASE_SETTINGS,
     CHROMIUM,
     ROOT,
@@ -27,6 +24,9 @@ from tests.test_handlers_end_to_end import (
     Stack,
     playwright_installed,  # noqa: F401 (a fixture)
 )
+
+from scrapy_proxy_shard.demo.redis_server import RedisServer
+from scrapy_proxy_shard.demo.sitelog import summarize
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("playwright_installed")]
 

@@ -11,7 +11,9 @@ scheme), the handler of each scheme and sorts it into one kind:
   aiohttp one is its http/https default without a reactor), scrapy-impersonate 1.7.1 or later
   (curl_cffi gets ``meta['proxy']`` and the credentials from HttpProxyMiddleware's
   ``Proxy-Authorization``, sent to the proxy only; checked in jxlil/scrapy-impersonate f9dd600,
-  handler.py / parser.py), and any class listed in ``PROXY_SHARD_PROXY_AWARE_HANDLERS``;
+  handler.py / parser.py; its escape hatches, ``no_proxy`` in the environment and a proxy of the
+  request's own in ``impersonate_args`` / ``impersonate_curl_options``: crawl/impersonate.py), and
+  any class listed in ``PROXY_SHARD_PROXY_AWARE_HANDLERS``;
 - ``playwright``: scrapy-playwright's handler or any subclass of it (declared or not): a
   ``meta['playwright']`` request is downloaded by the browser
   in the browser context named by ``meta['playwright_context']`` (``meta['proxy']`` is ignored), any
@@ -38,6 +40,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import secrets
+import sys
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
@@ -94,6 +97,9 @@ class Handler:
     path: str  # as written in the settings (a class is given its dotted path)
     kind: str  # proxy, playwright, local, no_proxy, outdated, unknown
     reason: str = ""
+    #: "impersonate": scrapy-impersonate's handler (a re-export, or a declared subclass): its curl_cffi
+    #: requests get the checks of crawl/impersonate.py.
+    family: str = ""
 
 
 @dataclass(frozen=True)
@@ -105,6 +111,7 @@ class Route:
     kind: str
     handler: str
     reason: str = ""
+    family: str = ""
 
 
 def _path_of(value: Any) -> str:
@@ -144,6 +151,14 @@ def _is_playwright(cls: Any) -> bool:
     return issubclass(cls, base)
 
 
+def _is_impersonate(cls: Any) -> bool:
+    """``cls`` is scrapy-impersonate's handler or a subclass (only looked for once it is imported:
+    loading ``cls`` imported it, if it is one)."""
+    module = sys.modules.get("scrapy_impersonate.handler")
+    base = getattr(module, "ImpersonateDownloadHandler", None)
+    return isinstance(cls, type) and base is not None and issubclass(cls, base)
+
+
 def _kind(path: str, declared: frozenset[str]) -> tuple[str, str]:
     if path in IMPERSONATE_PATHS:
         problem = _impersonate_problem()
@@ -163,6 +178,7 @@ def classify(value: Any, scheme: str, declared: frozenset[str]) -> Handler:
     """The kind of handler ``value`` (a dotted path or a class) configured for ``scheme``."""
     path = _path_of(value)
     real = path
+    family = "impersonate" if path in IMPERSONATE_PATHS else ""
     if path not in _KNOWN:
         try:
             loaded = load_object(value) if isinstance(value, str) else value
@@ -174,10 +190,12 @@ def classify(value: Any, scheme: str, declared: frozenset[str]) -> Handler:
             if _is_playwright(loaded):
                 return Handler(scheme, path, "playwright")
             real = _path_of(loaded)  # a re-export of a known class under another name is that class
+            if _is_impersonate(loaded):
+                family = "impersonate"
     kind, reason = _kind(path, declared)
     if kind == "unknown" and real != path and path not in UNKNOWN_REASONS:
         kind, reason = _kind(real, declared)
-    return Handler(scheme, path, kind, reason)
+    return Handler(scheme, path, kind, reason, family)
 
 
 class HandlerMap:
@@ -229,7 +247,7 @@ class HandlerMap:
         if handler is None:
             return Route("refused", "", f"no download handler is enabled for scheme {scheme!r}")
         if handler.kind == "proxy":
-            return Route("proxy", handler.path)
+            return Route("proxy", handler.path, family=handler.family)
         if handler.kind == "playwright":
             return Route("browser" if request.meta.get("playwright") else "proxy", handler.path)
         if handler.kind == "local":

@@ -119,9 +119,10 @@ SECTIONS: tuple[StatSection, ...] = (
         _doc("proxy_shard/direct, proxy_shard/direct_refused", f"guard / {MW}", "requests sent from this "
              "host's own IP (`PROXY_SHARD_ALLOW_DIRECT`), and those refused for it"),
         _doc("proxy_shard/local", MW, "`file://` and `data:` requests: never leave the host, not leased"),
-        _doc("proxy_shard/handler_refused, proxy_shard/browser_refused", MW, "requests failed because their "
-             "download handler cannot use a proxy (Scrapy's FTP, S3, a disabled scheme), or a scrapy-playwright "
-             "request named a browser context of its own"),
+        _doc("proxy_shard/handler_refused, proxy_shard/browser_refused, proxy_shard/impersonate_refused", MW,
+             "requests failed because their download handler cannot use a proxy (Scrapy's FTP, S3, a disabled "
+             "scheme), a scrapy-playwright request named a browser context of its own, or a scrapy-impersonate "
+             "request a proxy of its own (`impersonate_args`, `impersonate_curl_options`)"),
         _doc("proxy_shard/guard/dropped", "`ProxyShardGuardMiddleware`", "requests dropped before download: no "
              "lease, or not the leased proxy in `meta['proxy']`"),
         _doc("proxy_shard/pool_errors", MW, "requests failed because their `meta['proxy_pool']` is unknown, "
