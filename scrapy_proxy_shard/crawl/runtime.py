@@ -21,7 +21,7 @@ from scrapy.utils.httpobj import urlparse_cached
 
 from scrapy_proxy_shard import signals as shard_signals
 from scrapy_proxy_shard.crawl.arrival import ArrivalGuard
-from scrapy_proxy_shard.crawl.browser import PROXY_AUTHORIZATION
+from scrapy_proxy_shard.crawl.browser import OWN_CONTEXT, PROXY_AUTHORIZATION
 from scrapy_proxy_shard.crawl.content import ContentChecks
 from scrapy_proxy_shard.crawl.health import HostMonitor
 from scrapy_proxy_shard.crawl.liveness import Liveness, close_spider_soon
@@ -927,6 +927,13 @@ class ShardRuntime:
             # Sent with the guard off too: a proxy's first use on the site (floor None: a new connection)
             # is paced from its release, the only sure bound on when it arrived.
             floor = self._arrival.floor(lease.site, lease.proxy_id)
+            # A browser page: the lease was taken before the browser made the page (0.4-1.5 s on a loaded
+            # host, varying page to page), so its start says nothing of when the document left; the
+            # release (after the page's own requests, a held page's close) is the sure bound: paced from it.
+            rendered = request.meta.get(OWN_CONTEXT) is not None
+            if rendered:
+                floor = None
+                self.stats.inc_value(f"{STATS}/pacing/browser_from_release")
             how["arrival_guard"] = (cap, floor)
             result = await self.store.release(lease, outcome=outcome, latency=latency, reason=reason,
                                               session_ttl=self.settings.session_ttl, **how)
@@ -940,7 +947,7 @@ class ShardRuntime:
             shift = self._arrival.shift(elapsed, floor, cap) if cap > 0.0 else 0.0
             if shift > 0.0:
                 self.stats.inc_value(f"{STATS}/pacing/arrival_guard_ms", round(shift * 1000))
-            if outcome in ("ok", "unknown") and 0.0 < elapsed < lease.expires_at - lease.issued_at:
+            if not rendered and outcome in ("ok", "unknown") and 0.0 < elapsed < lease.expires_at - lease.issued_at:
                 self._arrival.observe(lease.site, lease.proxy_id, elapsed)
         self._note_pace(lease, result, reason)
         self.crawler.signals.send_catch_log(shard_signals.lease_released, request=request, lease=lease,
