@@ -74,6 +74,10 @@ STATS = "proxy_shard"
 HOST_ID_TAKEN_REASON = "proxy_shard_host_id_taken"
 
 
+#: Seconds taken off a browser page's floor (crawl/runtime.py ``_release``): Redis times are whole ms.
+BROWSER_CLOCK_STEP = 0.002
+
+
 @dataclass
 class _InFlight:
     lease: Lease
@@ -928,12 +932,21 @@ class ShardRuntime:
             # is paced from its release, the only sure bound on when it arrived.
             floor = self._arrival.floor(lease.site, lease.proxy_id)
             # A browser page: the lease was taken before the browser made the page (0.4-1.5 s on a loaded
-            # host, varying page to page), so its start says nothing of when the document left; the
-            # release (after the page's own requests, a held page's close) is the sure bound: paced from it.
+            # host, varying page to page), so its start says nothing of when the document left. Paced from
+            # when the page's last request was answered (every one reached the site before; release.lua
+            # pushes the next start back by now - start - floor: floor = the time since then, on this
+            # host's clock, less a clock step), or when that is not known for sure from the release (a
+            # held page's close).
             rendered = request.meta.get(OWN_CONTEXT) is not None
             if rendered:
-                floor = None
-                self.stats.inc_value(f"{STATS}/pacing/browser_from_release")
+                settled = self.browser.settled(request) if self.browser is not None else None
+                if settled is None:
+                    floor = None
+                    self.stats.inc_value(f"{STATS}/pacing/browser_from_release")
+                else:
+                    floor = max(0.0, asyncio.get_running_loop().time() - settled - BROWSER_CLOCK_STEP)
+                    cap = max(cap, lease.expires_at - lease.issued_at)
+                    self.stats.inc_value(f"{STATS}/pacing/browser_from_answer")
             how["arrival_guard"] = (cap, floor)
             result = await self.store.release(lease, outcome=outcome, latency=latency, reason=reason,
                                               session_ttl=self.settings.session_ttl, **how)

@@ -111,9 +111,11 @@ SECTIONS: tuple[StatSection, ...] = (
              "of this host's last release there"),
         _doc("proxy_shard/pacing/margin_widened", FINISH, "widenings of a site's path margin this host's "
              "releases caused (an arrival closer than the site allows)"),
-        _doc("proxy_shard/pacing/browser_from_release", FINISH, "releases of scrapy-playwright pages: their "
-             "slot's next start paced from the release, not the lease (the browser makes the page after the "
-             "lease; [scrapy-playwright](../recipes/scrapy-playwright.md#pacing))"),
+        _doc("proxy_shard/pacing/browser_from_answer, proxy_shard/pacing/browser_from_release", FINISH,
+             "releases of scrapy-playwright pages: their slot's next start paced from when the page's last "
+             "request was answered, or (not known for sure: a held page, a failed request, a context made "
+             "during the request) from the release; never from the lease, taken before the browser made the "
+             "page ([scrapy-playwright](../recipes/scrapy-playwright.md#pacing))"),
         _doc("proxy_shard/pacing/arrival_guard_ms", FINISH, "ms the arrival guard added to slots' intervals, "
              "total (`PROXY_SHARD_ARRIVAL_GUARD`)"),
     )),
