@@ -406,7 +406,7 @@ class BrowserContexts:
     def _crawler_handlers(self) -> list[Any]:
         try:
             handlers = self.crawler.engine.downloader.handlers._handlers  # Scrapy's DownloadHandlers
-        except AttributeError:
+        except (AttributeError, RuntimeError):  # RuntimeError: Scrapy 2.19's engine before the crawl starts
             return []
         return [h for h in dict.fromkeys(handlers.values()) if hasattr(h, "context_wrappers")]
 
