@@ -8,7 +8,7 @@ scheme), the handler of each scheme and sorts it into one kind:
 
 - ``proxy``: honours ``meta['proxy']``: Scrapy's HTTP/1.1 handler (and its deprecated alias in
   ``scrapy.core.downloader.handlers.http``), the aiohttp and httpx handlers Scrapy 2.19 ships (the
-  aiohttp one is its http/https default without a reactor), scrapy-impersonate 1.7.1 or later
+  aiohttp one is its http/https default without a reactor), scrapy-impersonate 1.8.0 or later
   (curl_cffi gets ``meta['proxy']`` and the credentials from HttpProxyMiddleware's
   ``Proxy-Authorization``, sent to the proxy only; checked in jxlil/scrapy-impersonate f9dd600,
   handler.py / parser.py; its escape hatches, ``no_proxy`` in the environment and a proxy of the
@@ -21,7 +21,7 @@ scheme), the handler of each scheme and sorts it into one kind:
 - ``local``: ``file://`` and ``data:``: nothing leaves the host; no lease is needed;
 - ``no_proxy``: Scrapy's own FTP and S3 handlers, defaults nobody chose: each request for them is
   refused when it comes, rather than the whole crawl;
-- ``outdated``: scrapy-impersonate before 1.7.1 (or its version unknown): it also sent
+- ``outdated``: scrapy-impersonate before 1.8.0 (or its version unknown): before 1.7.1 it also sent
   ``Proxy-Authorization`` to the site (inside the CONNECT tunnel for https); the crawl is refused at
   start-up, one line naming the version and the upgrade;
 - ``unknown``: anything else, including Scrapy's HTTP/2 handler (it raises NotImplementedError for
@@ -76,11 +76,13 @@ NO_PROXY = {
 UNKNOWN_REASONS = {H2: "it cannot download through a proxy (Scrapy raises NotImplementedError for any request "
                        "with meta['proxy']): use HTTP11DownloadHandler"}
 DECLARE_SETTING = "PROXY_SHARD_PROXY_AWARE_HANDLERS"
-#: scrapy-impersonate paths, and the first release that keeps ``Proxy-Authorization`` off the wire to
-#: the site (jxlil/scrapy-impersonate 775b090, tag 1.7.1: before it the header HttpProxyMiddleware
-#: sets was also sent as an ordinary header, inside the CONNECT tunnel for https).
+#: scrapy-impersonate paths, and the first release the plugin trusts: 1.7.1 keeps ``Proxy-Authorization``
+#: off the wire to the site (jxlil/scrapy-impersonate 775b090: before it the header HttpProxyMiddleware
+#: sets was also sent as an ordinary header, inside the CONNECT tunnel for https), and 1.8.0 applies
+#: ``meta['impersonate_curl_options']``, which the plugin needs to keep ``no_proxy`` in the environment
+#: from sending requests around the proxy (crawl/impersonate.py; 1.7.1 has no way to set it).
 IMPERSONATE_PATHS = frozenset({IMPERSONATE, "scrapy_impersonate.handler.ImpersonateDownloadHandler"})
-IMPERSONATE_MIN = Version("1.7.1")
+IMPERSONATE_MIN = Version("1.8.0")
 #: Paths sorted without importing them (Scrapy's deprecated alias warns on import).
 _KNOWN = PROXY_AWARE | LOCAL | frozenset(NO_PROXY) | frozenset(UNKNOWN_REASONS) | {PLAYWRIGHT}
 #: The scrapy-playwright context a lease binds a browser request to: this prefix + the proxy id + a
@@ -136,8 +138,9 @@ def _impersonate_problem() -> str:
     except InvalidVersion:
         pass
     what = "is not installed" if found is None else f"is version {found}"
-    return (f"scrapy-impersonate {what}: releases before {IMPERSONATE_MIN} send the proxy's Proxy-Authorization "
-            f"header to the site itself; upgrade it (pip install 'scrapy-impersonate>={IMPERSONATE_MIN}')")
+    return (f"scrapy-impersonate {what}: releases before 1.7.1 send the proxy's Proxy-Authorization header to "
+            f"the site itself, and before {IMPERSONATE_MIN} let no_proxy in the environment send requests around "
+            f"the proxy; upgrade it (pip install 'scrapy-impersonate>={IMPERSONATE_MIN}')")
 
 
 def _is_playwright(cls: Any) -> bool:
