@@ -350,7 +350,10 @@ def test_a_held_page_keeps_its_lease_until_the_spider_closes_it():
         await page.close()
         await asyncio.wait_for(waiting, 2)
         assert second.meta["proxy_shard_proxy_id"] == request.meta["proxy_shard_proxy_id"]
+        # The held page's slot was paced from its release (the close), not from its lease's start; so is
+        # a page whose requests the plugin did not see (these fakes send none).
         await h.respond(second)
+        assert h.stat("pacing/browser_from_release") == 2 and h.stat("pacing/browser_from_answer") is None
         # A page held past its lease: the lease expires (the safety bound), one WARNING, a stat.
         third = Request("https://shop.example/3", meta={"playwright": True, "playwright_include_page": True})
         await h.lease_mw.process_request(third)
