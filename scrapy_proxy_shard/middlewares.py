@@ -30,7 +30,7 @@ from scrapy.http import Response
 from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.misc import build_from_crawler, load_object
 
-from scrapy_proxy_shard.crawl import browser
+from scrapy_proxy_shard.crawl import browser, impersonate
 from scrapy_proxy_shard.crawl.content import CONTENT_REASONS, describe
 from scrapy_proxy_shard.crawl.contexts import BrowserContexts
 from scrapy_proxy_shard.crawl.handlers import HandlerMap, Route
@@ -171,6 +171,12 @@ class ProxyShardMiddleware:
             problem = browser.bind_problem(meta)
             if problem is not None:
                 self.runtime.stats.inc_value(f"{STATS}/browser_refused")
+                logger.error("proxy_shard: %(url)s not sent: %(p)s", {"url": request.url, "p": problem})
+                raise RequestNotLeased(f"{request.url}: {problem}")
+        if route.family == "impersonate":
+            problem = impersonate.request_problem(meta)
+            if problem is not None:
+                self.runtime.stats.inc_value(f"{STATS}/impersonate_refused")
                 logger.error("proxy_shard: %(url)s not sent: %(p)s", {"url": request.url, "p": problem})
                 raise RequestNotLeased(f"{request.url}: {problem}")
         if self.runtime.open_error is not None:
@@ -447,12 +453,22 @@ class ProxyShardGuardMiddleware:
             if problem is not None:
                 return problem
             browser.drop_proxy_authorization(request)
+        if route.family == "impersonate":
+            problem = impersonate.request_problem(request.meta)
+            if problem is not None:
+                return problem
+            impersonate.pin_proxy(request.meta)
         return None
 
     def _left_alone_problem(self, request: Request, route: Route) -> str | None:
         alone = left_alone_as(request.meta, route)
         if alone is None:
             return f"no proxy was leased for it, and its meta['proxy'] is now {request.meta.get('proxy')!r}"
+        if alone == "own_proxy" and route.family == "impersonate":  # your proxy, still not bypassed
+            problem = impersonate.request_problem(request.meta)
+            if problem is None:
+                impersonate.pin_proxy(request.meta)
+            return problem
         if alone != "direct":
             return None
         reason = _direct_reason(request.meta, route)

@@ -350,7 +350,10 @@ def test_a_held_page_keeps_its_lease_until_the_spider_closes_it():
         await page.close()
         await asyncio.wait_for(waiting, 2)
         assert second.meta["proxy_shard_proxy_id"] == request.meta["proxy_shard_proxy_id"]
+        # The held page's slot was paced from its release (the close), not from its lease's start; so is
+        # a page whose requests the plugin did not see (these fakes send none).
         await h.respond(second)
+        assert h.stat("pacing/browser_from_release") == 2 and h.stat("pacing/browser_from_answer") is None
         # A page held past its lease: the lease expires (the safety bound), one WARNING, a stat.
         third = Request("https://shop.example/3", meta={"playwright": True, "playwright_include_page": True})
         await h.lease_mw.process_request(third)
@@ -393,5 +396,75 @@ def test_html_response_of_a_browser_is_judged_like_any_other():
         result = await h.ban_mw.process_response(request, response)
         assert isinstance(result, Request) and h.stat("bans/reason/challenge_page") == 1
         await h.runtime.spider_closed(h.spider, "finished")
+
+    asyncio.run(scenario())
+
+
+class FakePWRequest:
+    """A Playwright request as the context's events give it: its frame's page, URL, timing."""
+
+    def __init__(self, page, url, navigation=True, end_ms=-1.0):
+        self.frame = SimpleNamespace(page=page, parent_frame=None)
+        self.url, self.navigation = url, navigation
+        self.timing = {"startTime": 0.0 if end_ms < 0 else end_ms, "responseEnd": 0.0 if end_ms >= 0 else -1.0}
+
+    def is_navigation_request(self):
+        return self.navigation
+
+
+def _watched(ctx):
+    """Record the listeners the plugin adds on a fake context: event -> callbacks."""
+    ctx.events = {}
+    ctx.on = lambda event, callback: ctx.events.setdefault(event, []).append(callback)
+    return ctx
+
+
+def _emit(ctx, event, request):
+    for callback in ctx.events.get(event, []):
+        callback(request)
+
+
+def test_a_page_answered_in_full_is_settled_and_anything_unsure_is_not():
+    """settled(): the time the page's last request was answered (the runtime paces from it), or None:
+    paced from the release (a failed request, one still pending, a context made during the request,
+    a page the spider keeps, another page's requests)."""
+
+    async def scenario():
+        import time
+
+        ctxs, handler, _ = contexts()
+        first, _ = await fetch(ctxs, handler, 1)  # makes the context: not watched during its own download
+        assert ctxs.finished(first) is None and ctxs.settled(first) is None
+        ctx = _watched(next(iter(handler.context_wrappers.values())).context)
+
+        async def one(url_n, events, keep=False):
+            request = Request(f"https://shop.example/{url_n}", meta={"playwright": True,
+                                                                    "playwright_include_page": keep})
+            await ctxs.bind(request, lease(1), None)
+            page = handler.download(request)
+            for event, pw in events(page):
+                _emit(ctx, event, pw)
+            ctxs.finished(request)
+            return request
+
+        answered = (time.time() - 0.5) * 1000  # the browser got the last byte 0.5 s ago
+        full = await one(2, lambda p: [
+            ("request", doc := FakePWRequest(p, "https://shop.example/2", end_ms=answered - 100)),
+            ("request", img := FakePWRequest(p, "https://cdn.example/i.png", False, end_ms=answered)),
+            ("requestfinished", doc), ("requestfinished", img)])
+        now = asyncio.get_running_loop().time()
+        assert abs(ctxs.settled(full) - (now - 0.5)) < 0.05  # the last answer, by the browser's timing
+        untimed = await one(7, lambda p: [("request", d := FakePWRequest(p, "https://shop.example/7")),
+                                          ("requestfinished", d)])
+        assert ctxs.settled(untimed) >= now  # no timing: when the event came (later than the answer)
+        failed = await one(3, lambda p: [("request", d := FakePWRequest(p, "https://shop.example/3")),
+                                         ("requestfailed", d)])
+        pending = await one(4, lambda p: [("request", FakePWRequest(p, "https://shop.example/4"))])
+        other = await one(5, lambda p: [("request", d := FakePWRequest(p, "https://shop.example/other")),
+                                        ("requestfinished", d)])
+        kept = await one(6, lambda p: [("request", d := FakePWRequest(p, "https://shop.example/6")),
+                                       ("requestfinished", d)], keep=True)
+        assert [ctxs.settled(r) for r in (failed, pending, other, kept)] == [None] * 4
+        assert len(ctx.events["request"]) == 1  # one listener per context, however many requests
 
     asyncio.run(scenario())

@@ -16,10 +16,7 @@ import subprocess
 import sys
 
 import pytest
-
-from scrapy_proxy_shard.demo.redis_server import RedisServer
-from scrapy_proxy_shard.demo.sitelog import summarize
-from tests.test_handlers_end_to_end import (
+from test_handlers_end_to_end import (
     BASE_SETTINGS,
     CHROMIUM,
     ROOT,
@@ -27,6 +24,9 @@ from tests.test_handlers_end_to_end import (
     Stack,
     playwright_installed,  # noqa: F401 (a fixture)
 )
+
+from scrapy_proxy_shard.demo.redis_server import RedisServer
+from scrapy_proxy_shard.demo.sitelog import summarize
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("playwright_installed")]
 
@@ -199,9 +199,13 @@ def test_a_page_the_spider_holds_keeps_its_proxy_until_the_spider_closes_it(two_
     for ip in stack.egress:
         mine = sorted((e for e in entries if e["ip"] == ip), key=lambda e: e["start"])
         navigations = [k for k, e in enumerate(mine) if "xhr" not in e["path"]]
-        # Between two pages through one proxy, the first page's own request: it was still held.
+        # Between two pages through one proxy, the first page's own request: it was still held. And the
+        # next page is paced from the held page's close (its release; the spider closes it HOLD / 2 after
+        # the page's own request): it started at least the interval after the close.
         for a, b in itertools.pairwise(navigations):
-            assert any("xhr" in e["path"] for e in mine[a + 1:b]), why
+            own = [e for e in mine[a + 1:b] if "xhr" in e["path"]]
+            assert own, why
+            assert mine[b]["start"] - own[-1]["start"] >= 1.2 / 2 + BASE_SETTINGS["PROXY_SHARD_MIN_INTERVAL"], why
     assert stat(proc.stderr, "proxy_shard/browser/pages_held") == 4, why
     assert stat(proc.stderr, "proxy_shard/browser/page_outlived_lease") == 0, why
 

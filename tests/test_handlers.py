@@ -96,13 +96,13 @@ def test_a_playwright_subclass_request_is_bound_to_its_proxys_context():
     assert request.meta["playwright_context_kwargs"]["proxy"]["server"] == "http://10.9.0.1:3128"
 
 
-def test_scrapy_impersonate_is_trusted_only_from_1_7_1(monkeypatch):
-    for found in ("1.7.1", "1.8.0", "2.0"):
+def test_scrapy_impersonate_is_trusted_only_from_1_8_0(monkeypatch):
+    for found in ("1.8.0", "1.10.1", "2.0"):
         monkeypatch.setattr(handlers, "_impersonate_version", lambda found=found: found)
         hmap = _map({"https": "scrapy_impersonate.ImpersonateDownloadHandler"})
         assert _route(hmap, "https://a.example/", impersonate="chrome").kind == "proxy", found
         hmap.check()
-    for found in ("1.7.0", "1.6.4", "1.7.1rc1", "garbage", None):
+    for found in ("1.7.1", "1.7.0", "1.6.4", "1.8.0rc1", "garbage", None):
         monkeypatch.setattr(handlers, "_impersonate_version", lambda found=found: found)
         for path in ("scrapy_impersonate.ImpersonateDownloadHandler",
                      "scrapy_impersonate.handler.ImpersonateDownloadHandler"):
@@ -111,7 +111,7 @@ def test_scrapy_impersonate_is_trusted_only_from_1_7_1(monkeypatch):
             with pytest.raises(SettingError) as info:
                 hmap.check()
             message = str(info.value)
-            assert "\n" not in message and "1.7.1" in message and "upgrade" in message, message
+            assert "\n" not in message and "1.8.0" in message and "upgrade" in message, message
             assert "PROXY_SHARD_PROXY_AWARE_HANDLERS" not in message
             if found is not None:
                 assert f"version {found}" in message

@@ -67,6 +67,19 @@ class _Context:
     kept: int = 0  # playwright_include_page pages the spider holds
     used: float = 0.0  # clock of the last bind or release
     retired: bool = False
+    watched: Any = None  # the Playwright context whose request events feed _Page records
+
+
+@dataclass
+class _Page:
+    """What the browser sent for one bound request (crawl/contexts.py ``settled``): its page's requests
+    not yet answered, the loop time the last one was answered, and whether one failed."""
+
+    url: str
+    page: Any = None  # the Playwright page, once its document request was seen
+    pending: int = 0
+    settled: float | None = None
+    failed: bool = False
 
 
 def session_key(site: str, session_id: str) -> str:
@@ -95,6 +108,8 @@ class BrowserContexts:
         self._sessions: dict[str, str] = {}  # session key -> its context
         self._made: dict[tuple[str, str | None], int] = {}  # contexts made per (base, session)
         self._bound: weakref.WeakKeyDictionary[Request, str] = weakref.WeakKeyDictionary()
+        self._pages: weakref.WeakKeyDictionary[Request, _Page] = weakref.WeakKeyDictionary()
+        self._settled: weakref.WeakKeyDictionary[Request, float] = weakref.WeakKeyDictionary()
         self._tidy_task: asyncio.Future | None = None
         self._sweeper: asyncio.Future | None = None
         self._closing: set[asyncio.Future] = set()
@@ -133,8 +148,75 @@ class BrowserContexts:
         ctx.used = self._clock()
         self._contexts.move_to_end(name)
         self._bound[request] = name
+        self._pages[request] = _Page(_norm(request.url))
+        self._settled.pop(request, None)
+        self._watch(ctx)
         browser.bind(request.meta, lease.proxy_id, lease.proxy_url, name)
         return name
+
+    # --- what the browser sent ---------------------------------------------------------------------
+    # A bound request's lease was taken before the browser made its page, so the lease's start says
+    # nothing of when its document left. The context's request events tell when the page's requests
+    # were answered: each reached the site before that. The runtime paces the slot from the last one
+    # (``settled``), or from the release when that is not known for sure.
+    def _watch(self, ctx: _Context) -> None:
+        wrapper = self._wrapper(ctx.name)
+        context = getattr(wrapper, "context", None)
+        if context is None or ctx.watched is context:
+            return  # made by scrapy-playwright during this request's download: watched from the next
+        ctx.watched = context
+        name = ctx.name
+        with suppress(Exception):
+            context.on("request", lambda r: self._on_request(name, r))
+            context.on("requestfinished", lambda r: self._on_settled(name, r, False))
+            context.on("requestfailed", lambda r: self._on_settled(name, r, True))
+
+    def _record_of(self, name: str, pw_request: Any, *, navigation: bool) -> _Page | None:
+        try:
+            page = pw_request.frame.page
+        except Exception:  # a service worker's request: no page
+            return None
+        records = [rec for req, rec in list(self._pages.items()) if self._bound.get(req) == name]
+        for rec in records:
+            if rec.page is page:
+                return rec
+        if not navigation:
+            return None
+        url = _norm(pw_request.url)
+        candidates = [rec for rec in records if rec.page is None and rec.url == url]
+        if len(candidates) != 1:
+            return None  # not one of ours, or ambiguous: its request is paced from the release
+        candidates[0].page = page
+        return candidates[0]
+
+    def _on_request(self, name: str, pw_request: Any) -> None:
+        try:
+            navigation = pw_request.is_navigation_request() and pw_request.frame.parent_frame is None
+        except Exception:
+            navigation = False
+        rec = self._record_of(name, pw_request, navigation=navigation)
+        if rec is not None:
+            rec.pending += 1
+
+    def _on_settled(self, name: str, pw_request: Any, failed: bool) -> None:
+        rec = self._record_of(name, pw_request, navigation=False)
+        if rec is None:
+            return
+        rec.pending -= 1
+        rec.failed = rec.failed or failed  # a failed request may still have reached the site later
+        now = asyncio.get_running_loop().time()
+        at = now
+        with suppress(Exception):  # when the browser got the answer's last byte (its event reaches us later)
+            timing = pw_request.timing
+            if timing["responseEnd"] >= 0 and timing["startTime"] > 0:
+                at = min(now, now - (time.time() - (timing["startTime"] + timing["responseEnd"]) / 1000))
+        rec.settled = at if rec.settled is None else max(rec.settled, at)
+
+    def settled(self, request: Request) -> float | None:
+        """Loop time by which every request the browser sent for ``request`` had been answered (each
+        reached the site before), or None when that is not known for sure (a context made during the
+        request, a request failed or still pending, a page the spider keeps): pace from the release."""
+        return self._settled.get(request)
 
     def _new_name(self, base: str, skey: str | None) -> str:
         key = (base, skey)
@@ -146,6 +228,10 @@ class BrowserContexts:
     def finished(self, request: Request) -> Any:
         """``request``'s download is over. Returns its ``playwright_include_page`` page when it is still
         open in the request's context (the lease must then wait for the page: ``keep``), else None."""
+        rec = self._pages.pop(request, None)
+        if rec is not None and rec.page is not None and rec.pending == 0 and not rec.failed \
+                and rec.settled is not None and not request.meta.get("playwright_include_page"):
+            self._settled[request] = rec.settled
         name = self._bound.pop(request, None)
         ctx = self._contexts.get(name) if name is not None else None
         if ctx is None:
@@ -320,7 +406,7 @@ class BrowserContexts:
     def _crawler_handlers(self) -> list[Any]:
         try:
             handlers = self.crawler.engine.downloader.handlers._handlers  # Scrapy's DownloadHandlers
-        except AttributeError:
+        except (AttributeError, RuntimeError):  # RuntimeError: Scrapy 2.19's engine before the crawl starts
             return []
         return [h for h in dict.fromkeys(handlers.values()) if hasattr(h, "context_wrappers")]
 
@@ -378,3 +464,8 @@ class BrowserContexts:
                 task.cancel()
                 with suppress(asyncio.CancelledError, Exception):
                     await task
+
+
+def _norm(url: str) -> str:
+    """A URL as scrapy-playwright matches a page's document request to the Scrapy request."""
+    return url.rstrip("/")

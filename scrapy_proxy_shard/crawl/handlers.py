@@ -8,10 +8,12 @@ scheme), the handler of each scheme and sorts it into one kind:
 
 - ``proxy``: honours ``meta['proxy']``: Scrapy's HTTP/1.1 handler (and its deprecated alias in
   ``scrapy.core.downloader.handlers.http``), the aiohttp and httpx handlers Scrapy 2.19 ships (the
-  aiohttp one is its http/https default without a reactor), scrapy-impersonate 1.7.1 or later
+  aiohttp one is its http/https default without a reactor), scrapy-impersonate 1.8.0 or later
   (curl_cffi gets ``meta['proxy']`` and the credentials from HttpProxyMiddleware's
   ``Proxy-Authorization``, sent to the proxy only; checked in jxlil/scrapy-impersonate f9dd600,
-  handler.py / parser.py), and any class listed in ``PROXY_SHARD_PROXY_AWARE_HANDLERS``;
+  handler.py / parser.py; its escape hatches, ``no_proxy`` in the environment and a proxy of the
+  request's own in ``impersonate_args`` / ``impersonate_curl_options``: crawl/impersonate.py), and
+  any class listed in ``PROXY_SHARD_PROXY_AWARE_HANDLERS``;
 - ``playwright``: scrapy-playwright's handler or any subclass of it (declared or not): a
   ``meta['playwright']`` request is downloaded by the browser
   in the browser context named by ``meta['playwright_context']`` (``meta['proxy']`` is ignored), any
@@ -19,7 +21,7 @@ scheme), the handler of each scheme and sorts it into one kind:
 - ``local``: ``file://`` and ``data:``: nothing leaves the host; no lease is needed;
 - ``no_proxy``: Scrapy's own FTP and S3 handlers, defaults nobody chose: each request for them is
   refused when it comes, rather than the whole crawl;
-- ``outdated``: scrapy-impersonate before 1.7.1 (or its version unknown): it also sent
+- ``outdated``: scrapy-impersonate before 1.8.0 (or its version unknown): before 1.7.1 it also sent
   ``Proxy-Authorization`` to the site (inside the CONNECT tunnel for https); the crawl is refused at
   start-up, one line naming the version and the upgrade;
 - ``unknown``: anything else, including Scrapy's HTTP/2 handler (it raises NotImplementedError for
@@ -38,6 +40,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import secrets
+import sys
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
@@ -73,11 +76,13 @@ NO_PROXY = {
 UNKNOWN_REASONS = {H2: "it cannot download through a proxy (Scrapy raises NotImplementedError for any request "
                        "with meta['proxy']): use HTTP11DownloadHandler"}
 DECLARE_SETTING = "PROXY_SHARD_PROXY_AWARE_HANDLERS"
-#: scrapy-impersonate paths, and the first release that keeps ``Proxy-Authorization`` off the wire to
-#: the site (jxlil/scrapy-impersonate 775b090, tag 1.7.1: before it the header HttpProxyMiddleware
-#: sets was also sent as an ordinary header, inside the CONNECT tunnel for https).
+#: scrapy-impersonate paths, and the first release the plugin trusts: 1.7.1 keeps ``Proxy-Authorization``
+#: off the wire to the site (jxlil/scrapy-impersonate 775b090: before it the header HttpProxyMiddleware
+#: sets was also sent as an ordinary header, inside the CONNECT tunnel for https), and 1.8.0 applies
+#: ``meta['impersonate_curl_options']``, which the plugin needs to keep ``no_proxy`` in the environment
+#: from sending requests around the proxy (crawl/impersonate.py; 1.7.1 has no way to set it).
 IMPERSONATE_PATHS = frozenset({IMPERSONATE, "scrapy_impersonate.handler.ImpersonateDownloadHandler"})
-IMPERSONATE_MIN = Version("1.7.1")
+IMPERSONATE_MIN = Version("1.8.0")
 #: Paths sorted without importing them (Scrapy's deprecated alias warns on import).
 _KNOWN = PROXY_AWARE | LOCAL | frozenset(NO_PROXY) | frozenset(UNKNOWN_REASONS) | {PLAYWRIGHT}
 #: The scrapy-playwright context a lease binds a browser request to: this prefix + the proxy id + a
@@ -94,6 +99,9 @@ class Handler:
     path: str  # as written in the settings (a class is given its dotted path)
     kind: str  # proxy, playwright, local, no_proxy, outdated, unknown
     reason: str = ""
+    #: "impersonate": scrapy-impersonate's handler (a re-export, or a declared subclass): its curl_cffi
+    #: requests get the checks of crawl/impersonate.py.
+    family: str = ""
 
 
 @dataclass(frozen=True)
@@ -105,6 +113,7 @@ class Route:
     kind: str
     handler: str
     reason: str = ""
+    family: str = ""
 
 
 def _path_of(value: Any) -> str:
@@ -129,8 +138,9 @@ def _impersonate_problem() -> str:
     except InvalidVersion:
         pass
     what = "is not installed" if found is None else f"is version {found}"
-    return (f"scrapy-impersonate {what}: releases before {IMPERSONATE_MIN} send the proxy's Proxy-Authorization "
-            f"header to the site itself; upgrade it (pip install 'scrapy-impersonate>={IMPERSONATE_MIN}')")
+    return (f"scrapy-impersonate {what}: releases before 1.7.1 send the proxy's Proxy-Authorization header to "
+            f"the site itself, and before {IMPERSONATE_MIN} let no_proxy in the environment send requests around "
+            f"the proxy; upgrade it (pip install 'scrapy-impersonate>={IMPERSONATE_MIN}')")
 
 
 def _is_playwright(cls: Any) -> bool:
@@ -142,6 +152,14 @@ def _is_playwright(cls: Any) -> bool:
     except Exception:  # not installed (or broken): cls cannot be its subclass
         return False
     return issubclass(cls, base)
+
+
+def _is_impersonate(cls: Any) -> bool:
+    """``cls`` is scrapy-impersonate's handler or a subclass (only looked for once it is imported:
+    loading ``cls`` imported it, if it is one)."""
+    module = sys.modules.get("scrapy_impersonate.handler")
+    base = getattr(module, "ImpersonateDownloadHandler", None)
+    return isinstance(cls, type) and base is not None and issubclass(cls, base)
 
 
 def _kind(path: str, declared: frozenset[str]) -> tuple[str, str]:
@@ -163,6 +181,7 @@ def classify(value: Any, scheme: str, declared: frozenset[str]) -> Handler:
     """The kind of handler ``value`` (a dotted path or a class) configured for ``scheme``."""
     path = _path_of(value)
     real = path
+    family = "impersonate" if path in IMPERSONATE_PATHS else ""
     if path not in _KNOWN:
         try:
             loaded = load_object(value) if isinstance(value, str) else value
@@ -174,10 +193,12 @@ def classify(value: Any, scheme: str, declared: frozenset[str]) -> Handler:
             if _is_playwright(loaded):
                 return Handler(scheme, path, "playwright")
             real = _path_of(loaded)  # a re-export of a known class under another name is that class
+            if _is_impersonate(loaded):
+                family = "impersonate"
     kind, reason = _kind(path, declared)
     if kind == "unknown" and real != path and path not in UNKNOWN_REASONS:
         kind, reason = _kind(real, declared)
-    return Handler(scheme, path, kind, reason)
+    return Handler(scheme, path, kind, reason, family)
 
 
 class HandlerMap:
@@ -229,7 +250,7 @@ class HandlerMap:
         if handler is None:
             return Route("refused", "", f"no download handler is enabled for scheme {scheme!r}")
         if handler.kind == "proxy":
-            return Route("proxy", handler.path)
+            return Route("proxy", handler.path, family=handler.family)
         if handler.kind == "playwright":
             return Route("browser" if request.meta.get("playwright") else "proxy", handler.path)
         if handler.kind == "local":

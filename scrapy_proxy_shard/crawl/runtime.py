@@ -21,7 +21,7 @@ from scrapy.utils.httpobj import urlparse_cached
 
 from scrapy_proxy_shard import signals as shard_signals
 from scrapy_proxy_shard.crawl.arrival import ArrivalGuard
-from scrapy_proxy_shard.crawl.browser import PROXY_AUTHORIZATION
+from scrapy_proxy_shard.crawl.browser import OWN_CONTEXT, PROXY_AUTHORIZATION
 from scrapy_proxy_shard.crawl.content import ContentChecks
 from scrapy_proxy_shard.crawl.health import HostMonitor
 from scrapy_proxy_shard.crawl.liveness import Liveness, close_spider_soon
@@ -72,6 +72,10 @@ EXHAUSTED_SITES = 10_000
 STATS = "proxy_shard"
 #: The close reason of a crawl whose host id another process took over while it ran (health.py).
 HOST_ID_TAKEN_REASON = "proxy_shard_host_id_taken"
+
+
+#: Seconds taken off a browser page's floor (crawl/runtime.py ``_release``): Redis times are whole ms.
+BROWSER_CLOCK_STEP = 0.002
 
 
 @dataclass
@@ -927,6 +931,22 @@ class ShardRuntime:
             # Sent with the guard off too: a proxy's first use on the site (floor None: a new connection)
             # is paced from its release, the only sure bound on when it arrived.
             floor = self._arrival.floor(lease.site, lease.proxy_id)
+            # A browser page: the lease was taken before the browser made the page (0.4-1.5 s on a loaded
+            # host, varying page to page), so its start says nothing of when the document left. Paced from
+            # when the page's last request was answered (every one reached the site before; release.lua
+            # pushes the next start back by now - start - floor: floor = the time since then, on this
+            # host's clock, less a clock step), or when that is not known for sure from the release (a
+            # held page's close).
+            rendered = request.meta.get(OWN_CONTEXT) is not None
+            if rendered:
+                settled = self.browser.settled(request) if self.browser is not None else None
+                if settled is None:
+                    floor = None
+                    self.stats.inc_value(f"{STATS}/pacing/browser_from_release")
+                else:
+                    floor = max(0.0, asyncio.get_running_loop().time() - settled - BROWSER_CLOCK_STEP)
+                    cap = max(cap, lease.expires_at - lease.issued_at)
+                    self.stats.inc_value(f"{STATS}/pacing/browser_from_answer")
             how["arrival_guard"] = (cap, floor)
             result = await self.store.release(lease, outcome=outcome, latency=latency, reason=reason,
                                               session_ttl=self.settings.session_ttl, **how)
@@ -940,7 +960,7 @@ class ShardRuntime:
             shift = self._arrival.shift(elapsed, floor, cap) if cap > 0.0 else 0.0
             if shift > 0.0:
                 self.stats.inc_value(f"{STATS}/pacing/arrival_guard_ms", round(shift * 1000))
-            if outcome in ("ok", "unknown") and 0.0 < elapsed < lease.expires_at - lease.issued_at:
+            if not rendered and outcome in ("ok", "unknown") and 0.0 < elapsed < lease.expires_at - lease.issued_at:
                 self._arrival.observe(lease.site, lease.proxy_id, elapsed)
         self._note_pace(lease, result, reason)
         self.crawler.signals.send_catch_log(shard_signals.lease_released, request=request, lease=lease,

@@ -53,4 +53,9 @@ META_KEYS: tuple[MetaDoc, ...] = (
             "fails the request ([scrapy-playwright](../recipes/scrapy-playwright.md))"),
     MetaDoc("playwright_context_kwargs", PLUGIN, "for that context: Playwright's `proxy` option (server, "
             "username, password); a `proxy` of your own here fails the request"),
+    MetaDoc("impersonate_curl_options", PLUGIN, "for a scrapy-impersonate request (`meta['impersonate']`): "
+            "`NOPROXY` set to `\"\"`, so `no_proxy` in the environment cannot send it around the leased proxy "
+            "(your other options stay); a proxy option of your own here (`PROXY`, `NOPROXY`, `PRE_PROXY`...), "
+            "or `proxy`/`proxies`/`proxy_auth` in `impersonate_args`, fails the request "
+            "([scrapy-impersonate](../recipes/scrapy-impersonate.md))"),
 )

@@ -111,6 +111,11 @@ SECTIONS: tuple[StatSection, ...] = (
              "of this host's last release there"),
         _doc("proxy_shard/pacing/margin_widened", FINISH, "widenings of a site's path margin this host's "
              "releases caused (an arrival closer than the site allows)"),
+        _doc("proxy_shard/pacing/browser_from_answer, proxy_shard/pacing/browser_from_release", FINISH,
+             "releases of scrapy-playwright pages: their slot's next start paced from when the page's last "
+             "request was answered, or (not known for sure: a held page, a failed request, a context made "
+             "during the request) from the release; never from the lease, taken before the browser made the "
+             "page ([scrapy-playwright](../recipes/scrapy-playwright.md#pacing))"),
         _doc("proxy_shard/pacing/arrival_guard_ms", FINISH, "ms the arrival guard added to slots' intervals, "
              "total (`PROXY_SHARD_ARRIVAL_GUARD`)"),
     )),
@@ -119,9 +124,10 @@ SECTIONS: tuple[StatSection, ...] = (
         _doc("proxy_shard/direct, proxy_shard/direct_refused", f"guard / {MW}", "requests sent from this "
              "host's own IP (`PROXY_SHARD_ALLOW_DIRECT`), and those refused for it"),
         _doc("proxy_shard/local", MW, "`file://` and `data:` requests: never leave the host, not leased"),
-        _doc("proxy_shard/handler_refused, proxy_shard/browser_refused", MW, "requests failed because their "
-             "download handler cannot use a proxy (Scrapy's FTP, S3, a disabled scheme), or a scrapy-playwright "
-             "request named a browser context of its own"),
+        _doc("proxy_shard/handler_refused, proxy_shard/browser_refused, proxy_shard/impersonate_refused", MW,
+             "requests failed because their download handler cannot use a proxy (Scrapy's FTP, S3, a disabled "
+             "scheme), a scrapy-playwright request named a browser context of its own, or a scrapy-impersonate "
+             "request a proxy of its own (`impersonate_args`, `impersonate_curl_options`)"),
         _doc("proxy_shard/guard/dropped", "`ProxyShardGuardMiddleware`", "requests dropped before download: no "
              "lease, or not the leased proxy in `meta['proxy']`"),
         _doc("proxy_shard/pool_errors", MW, "requests failed because their `meta['proxy_pool']` is unknown, "
