@@ -27,6 +27,7 @@ from scrapy_proxy_shard.crawl.health import HostMonitor
 from scrapy_proxy_shard.crawl.liveness import Liveness, close_spider_soon
 from scrapy_proxy_shard.crawl.logstats import INTERVAL_STAT, MARGIN_STAT
 from scrapy_proxy_shard.crawl.startup import StartupGate, check_eviction
+from scrapy_proxy_shard.crawl.tiers import TierRouter
 from scrapy_proxy_shard.engine.breaker import BreakerEvent
 from scrapy_proxy_shard.engine.schema import check_name
 from scrapy_proxy_shard.engine.sites import SiteMap, site_of_request
@@ -169,6 +170,8 @@ class ShardRuntime:
         #: The plugin's scrapy-playwright contexts (crawl/contexts.py); None without a browser handler.
         self.browser: Any = None
         self._page_releases: set[asyncio.Future] = set()  # releases of held pages' leases, under way
+        #: Tiered pools (PROXY_SHARD_TIERS, a spider's proxy_tiers): each site's tier (crawl/tiers.py).
+        self.tiers = TierRouter(self)
 
     @classmethod
     def for_crawler(cls, crawler: Any) -> ShardRuntime:
@@ -228,7 +231,12 @@ class ShardRuntime:
                 except SettingError:
                     raise SettingError(
                         f"PROXY_SHARD_SITE_POOLS[{site!r}] ({pool!r}) is not a valid pool name") from None
-        pools = list(dict.fromkeys(pools))
+        tiered = self.tiers.known_pools(spider)
+        if self.tiers.spider_tiers(spider) is not None:
+            pools = []  # the spider's tiers take every request that names no pool
+        elif tiered:  # PROXY_SHARD_POOL serves only requests that name no pool: with tiers there are none
+            pools = [p for p in pools if p != self.settings.pool or p in self.settings.site_pools.values()]
+        pools = list(dict.fromkeys(pools + tiered))
         for platform in self.settings.platforms or {}:
             pools += [platform_pool(pool, platform) for pool in pools if "." not in pool]
         return pools
@@ -247,6 +255,9 @@ class ShardRuntime:
         return sizes
 
     def _pool_source(self, pool: str, spider: Any) -> str:
+        tier_source = self.tiers.source_of(pool, spider)
+        if tier_source is not None:
+            return tier_source
         if getattr(spider, "proxy_pool", None):
             return f"spider {spider.name!r} attribute proxy_pool"
         if pool in (self.settings.site_pools or {}).values():
@@ -315,6 +326,7 @@ class ShardRuntime:
         self.liveness.spider_closed(reason)
         if reason == HOST_ID_TAKEN_REASON and self.host_id_lost:
             self.crawler.spider = None  # exit code 1 (the runners count a crawler without a spider as failed)
+        await self.tiers.flush()
         leases, self._held = list(self._held.values()), {}
         self._inflight.clear()
         released = 0
@@ -493,6 +505,15 @@ class ShardRuntime:
         self._record(request, result, session_id, site)
         self.crawler.signals.send_catch_log(shard_signals.lease_acquired, request=request, lease=result, waited=waited)
         return result
+
+    async def try_acquire(self, request: Request, pool: str, site: str) -> Lease | None:
+        """Lease for ``request`` from ``pool`` only if a slot is free now (one call, no wait): a tier's
+        probe (crawl/tiers.py). None when the pool has none free for ``site``, or did not answer."""
+        lease = await self._ask_once(pool, site, self._lease_ttl(request))
+        if lease is not None:
+            self._record(request, lease, None, site)
+            self.crawler.signals.send_catch_log(shard_signals.lease_acquired, request=request, lease=lease, waited=0.0)
+        return lease
 
     async def _ask_once(self, pool: str, site: str, ttl: float) -> Lease | None:
         """One lease call outside the gate: the lease, or None (a wait, or any error) after which the
@@ -933,7 +954,9 @@ class ShardRuntime:
         except PoolBackendError as exc:
             self.stats.inc_value(f"{STATS}/release/errors")
             logger.warning("proxy_shard: release failed (the lease expires by itself): %(e)s", {"e": exc})
+            await self.tiers.answered(request, outcome, None)
             return None
+        await self.tiers.answered(request, outcome, result)
         self.stats.inc_value(f"{STATS}/release/{result.status}")
         if result.status == "ok":
             elapsed = result.now - lease.issued_at  # both on the Redis clock
