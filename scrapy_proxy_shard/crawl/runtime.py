@@ -27,7 +27,7 @@ from scrapy_proxy_shard.crawl.health import HostMonitor
 from scrapy_proxy_shard.crawl.liveness import Liveness, close_spider_soon
 from scrapy_proxy_shard.crawl.logstats import INTERVAL_STAT, MARGIN_STAT
 from scrapy_proxy_shard.crawl.startup import StartupGate, check_eviction
-from scrapy_proxy_shard.crawl.tiers import TierRouter
+from scrapy_proxy_shard.crawl.tiers import TierMoved, TierRouter
 from scrapy_proxy_shard.engine.breaker import BreakerEvent
 from scrapy_proxy_shard.engine.schema import check_name
 from scrapy_proxy_shard.engine.sites import SiteMap, site_of_request
@@ -451,7 +451,8 @@ class ShardRuntime:
         entry = self._inflight.get(request)
         return entry.lease if entry else None
 
-    async def acquire(self, request: Request, pool: str, site: str, session_id: str | None) -> Lease:
+    async def acquire(self, request: Request, pool: str, site: str, session_id: str | None,
+                      moved: Callable[[], Any] | None = None) -> Lease:
         """Lease a slot for ``request``, waiting as long as the engine says.
 
         A wait the pool will end (slots in use, pacing, quarantines, an open breaker) lasts as long as
@@ -460,6 +461,9 @@ class ShardRuntime:
         wait with no known end (a pool Redis lost, Redis stalled, the host on its local fallback) is
         bounded by ``PROXY_SHARD_MAX_WAIT`` from the moment the request first asked. Any wait ends at
         once when the crawl stops (the request fails; it is never sent without a proxy).
+
+        ``moved``: an async callable asked between two waits; when it answers True the request's site
+        left ``pool`` (its tier changed, crawl/tiers.py) and ``TierMoved`` ends the wait, no lease taken.
         """
         loop = asyncio.get_running_loop()
         asked = loop.time()
@@ -484,7 +488,7 @@ class ShardRuntime:
                 else:
                     await self._until(gate.__aenter__(), None, pool, site, release=gate.__aexit__)
                 try:
-                    result = await self._lease_loop(pool, site, session_id, ttl, deadline)
+                    result = await self._lease_loop(pool, site, session_id, ttl, deadline, moved)
                 finally:
                     await gate.__aexit__(None, None, None)
             if self._lost_pools or pool not in self._served_pools:  # a pool back, or first seen now
@@ -542,7 +546,7 @@ class ShardRuntime:
             return request.meta.get("download_slot") or urlparse_cached(request).hostname or ""
 
     async def _lease_loop(self, pool: str, site: str, session_id: str | None, ttl: float,
-                          deadline: float) -> Lease:
+                          deadline: float, moved: Callable[[], Any] | None = None) -> Lease:
         """Ask the store until it hands out a lease; every pass waits at least MIN_PAUSE (cannot spin)."""
         s = self.settings
         concurrency = self.options_of(site).concurrency
@@ -552,6 +556,8 @@ class ShardRuntime:
         breaker_waits = 0
         while True:
             self._check_stopping(pool, site)
+            if waits and moved is not None and await moved():
+                raise TierMoved(f"site {site!r} left pool {pool!r} while its request waited")
             started = loop.time()
             try:
                 result = await self.store.lease(pool, site, ttl=ttl, concurrency=concurrency,

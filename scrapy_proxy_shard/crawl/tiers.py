@@ -90,6 +90,11 @@ class _Choice:
 LEASES, OKS, BANS = 0, 1, 2
 
 
+class TierMoved(Exception):
+    """A request waiting for a proxy of one tier stopped waiting: its site moved to another tier
+    (``ShardRuntime.acquire``'s ``moved``). Internal: the router leases again on the new tier."""
+
+
 class TierRouter:
     """One per crawler (``ShardRuntime.tiers``): chooses a tiered request's pool and reports its answer."""
 
@@ -171,9 +176,19 @@ class TierRouter:
                 return lease
             self.stats.inc_value(f"{STATS}/tiers/probes/skipped")
             await self._step(tiers, site, entry, probe_answer="skip", probe_tier=tier - 1)
-        lease = await self.runtime.acquire(request, self._pool(tiers, tier, request), site, session)
-        self._chose(request, tiers, site, tier, False, session, entry)
-        return lease
+        while True:
+            async def moved(tier: int = tier) -> bool:  # asked between two waits (a quarantine, pacing)
+                return session is None and (await self._current(tiers, site, entry, claim=False)).tier != tier
+
+            try:
+                lease = await self.runtime.acquire(request, self._pool(tiers, tier, request), site, session,
+                                                   moved=moved)
+            except TierMoved:
+                self.stats.inc_value(f"{STATS}/tiers/moved_waits")
+                tier = entry.tier
+                continue
+            self._chose(request, tiers, site, tier, False, session, entry)
+            return lease
 
     def _chose(self, request: Request, tiers: tuple[str, ...], site: str, tier: int, probe: bool,
                session: str | None, entry: _Site) -> None:

@@ -112,6 +112,8 @@ SECTIONS: tuple[StatSection, ...] = (
         _doc("proxy_shard/tiers/probes, proxy_shard/tiers/probes/banned, proxy_shard/tiers/probes/skipped",
              "tiers.py", "probe requests sent through the cheaper tier, probes banned there (the next waits "
              "twice as long), and probes given up because the cheaper tier had no free proxy for the site"),
+        _doc("proxy_shard/tiers/moved_waits", "tiers.py", "requests that waited for a proxy of one tier (its "
+             "proxies quarantined or busy on the site) and went to the site's new tier when it moved"),
         _doc("proxy_shard/tiers/offline, proxy_shard/tiers/local_up", "tiers.py", "tier steps Redis did not "
              "answer (the site kept the last tier this host knew), and sites moved up by this host alone "
              "meanwhile"),
