@@ -291,3 +291,45 @@ def test_a_spider_tier_list_overrides_the_setting_and_is_checked_at_open():
         asyncio.run(bad.open())
     assert "spider 'shop' attribute proxy_tiers (['resi', 'resi']) names pool 'resi' twice" in str(
         StartupGate.for_crawler(bad.crawler).error)
+
+
+# --- what users see: the exporter and the CLI ------------------------------------------------------
+
+def _escalated(store):
+    step(store, "blocks.example", counts=counts(0, leases=5, bans=5))
+    step(store, "blocks.example", counts=counts(1, leases=3, ok=3))
+    step(store, "fine.example", counts=counts(0, leases=7, ok=7))
+
+
+def test_the_exporter_serves_what_each_tier_costs(real_redis):
+    from scrapy_proxy_shard.ops.exporter import PoolCollector
+
+    store = PoolStore(real_redis, namespace="t", host_id="h1")
+    _escalated(store)
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in PoolCollector(store).collect() if family.name.startswith("proxy_shard_tier")
+               for s in family.samples}
+
+    def value(name, pool, **labels):
+        return samples[(name, tuple(sorted({"tiers": "dc>resi", "pool": pool, **labels}.items())))]
+
+    assert value("proxy_shard_tier_sites", "dc") == 1 and value("proxy_shard_tier_sites", "resi") == 1
+    assert value("proxy_shard_tier_requests_total", "dc") == 12
+    assert value("proxy_shard_tier_requests_total", "resi") == 3
+    assert value("proxy_shard_tier_responses_total", "resi", outcome="ok") == 3
+    assert value("proxy_shard_tier_responses_total", "dc", outcome="banned") == 5
+    assert value("proxy_shard_tier_changes_total", "resi", change="up") == 1
+
+
+def test_the_cli_lists_the_tiers_and_the_sites_off_the_cheapest(redis_server, real_redis):
+    from click.testing import CliRunner
+
+    from scrapy_proxy_shard.ops.cli import cli
+
+    _escalated(PoolStore(real_redis, namespace="t", host_id="h1"))
+    env = {"PROXY_SHARD_REDIS_URL": redis_server.url, "PROXY_SHARD_NAMESPACE": "t"}
+    out = CliRunner().invoke(cli, ["tiers"], env=env, catch_exceptions=False).stdout
+    assert "dc>resi: on 'resi' (tier 2): blocks.example" in out
+    assert "fine.example" not in out
+    rows = __import__("json").loads(CliRunner().invoke(cli, ["tiers", "--json"], env=env).stdout)
+    assert [(r["pool"], r["requests"], r["pages"], r["bans"]) for r in rows] == [("dc", 12, 7, 5), ("resi", 3, 3, 0)]
