@@ -9,6 +9,7 @@ site was served; no request reached the site from anywhere but a proxy.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -81,11 +82,14 @@ def _project(tmp_path: Path, redis_url: str, dc: list[str], resi: list[str]) -> 
     return project
 
 
-def test_a_site_that_blocks_tier_one_moves_up_for_every_host_and_the_others_stay(tmp_path, redis_server_env):
+def _crawl(tmp_path: Path, *, pages: int = PAGES, probe: float = 600, block_latency: float = 0.05,
+           extra: tuple[str, ...] = ()):
+    """The stack, three hosts crawling ``pages`` pages of each site; returns (exit codes, host logs, site log)."""
     open_rules = SiteRules(latency=0.05, min_interval=0.0)
-    site = AntiBotSite(sites=SITES, rules=open_rules, pages_per_site=PAGES, log_path=tmp_path / "site.log",
-                       site_rules={BLOCKS: SiteRules(latency=0.05, min_interval=0.0, burnt_ips=frozenset(DC_IPS),
-                                                    ban_styles=("403", "429", "503", "captcha"))})
+    blocked = SiteRules(latency=block_latency, min_interval=0.0, burnt_ips=frozenset(DC_IPS),
+                        ban_styles=("403", "429", "503", "captcha"))  # not "stub": a 200 no policy can tell
+    site = AntiBotSite(sites=SITES, rules=open_rules, site_rules={BLOCKS: blocked}, pages_per_site=pages,
+                       log_path=tmp_path / "site.log")
     site_thread = ServerThread(site)
     site_thread.start()
     hosts = {name: ("127.0.0.1", site.port) for name in SITES}
@@ -100,18 +104,22 @@ def test_a_site_that_blocks_tier_one_moves_up_for_every_host_and_the_others_stay
         project = _project(tmp_path, server.url, dc.proxy_urls(), resi.proxy_urls())
         procs = [subprocess.Popen(
             [sys.executable, "-m", "scrapy", "crawl", "tiered", "-a", f"sites={','.join(SITES)}",
-             "-a", f"pages={PAGES}", "-a", f"shard={i}", "-a", f"shards={HOSTS}",
-             "-s", f"PROXY_SHARD_HOST_ID=host-{i}", "--logfile", str(logs[i])],
+             "-a", f"pages={pages}", "-a", f"shard={i}", "-a", f"shards={HOSTS}",
+             "-s", f"PROXY_SHARD_HOST_ID=host-{i}", "-s", f"PROXY_SHARD_TIER_PROBE_INTERVAL={probe}",
+             *(arg for setting in extra for arg in ("-s", setting)), "--logfile", str(logs[i])],
             cwd=project, env={**os.environ, "PYTHONPATH": str(project)},
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for i in range(HOSTS)]
-        codes = [proc.wait(timeout=120) for proc in procs]
+        codes = [proc.wait(timeout=180) for proc in procs]
     finally:
         server.stop()
         for thread in threads:
             thread.stop()
         site_thread.stop()
-    texts = [log.read_text() for log in logs]
-    entries = read_log(tmp_path / "site.log")
+    return codes, [log.read_text() for log in logs], read_log(tmp_path / "site.log")
+
+
+def test_a_site_that_blocks_tier_one_moves_up_for_every_host_and_the_others_stay(tmp_path, redis_server_env):
+    codes, texts, entries = _crawl(tmp_path)
     assert codes == [0] * HOSTS, [text[-2000:] for text in texts]
     # never from this machine's own address: every request came through a proxy of one tier or the other
     assert {e["ip"] for e in entries} <= set(DC_IPS) | set(RESI_IPS), {e["ip"] for e in entries}
@@ -135,3 +143,29 @@ def test_a_site_that_blocks_tier_one_moves_up_for_every_host_and_the_others_stay
     for text in texts:
         assert "'proxy_shard/tiers/dc/requests'" in text
     assert sum("'proxy_shard/tiers/resi/requests'" in text for text in texts) >= 2  # others used tier 2 too
+
+
+def test_probes_of_the_blocked_tier_back_off(tmp_path, redis_server_env):
+    """Probes of tier 1 every second at first: the site keeps banning tier 1, so each waits twice as long
+    as the last (1 s, 2 s, 4 s, ...), cluster-wide, and the crawl still completes on tier 2."""
+    # Quarantines short enough, and no circuit breaker, so that a tier-1 proxy is free for the site at each
+    # probe: by default the first probes are skipped while the bans that moved the site up run (and while
+    # tier 1's breaker for the site is open, whose own half-open probes then decide).
+    codes, texts, entries = _crawl(tmp_path, pages=36, probe=1.0, block_latency=0.8,
+                                   extra=("PROXY_SHARD_BAN_TTL=0.2", "PROXY_SHARD_BAN_MAX_TTL=0.5",
+                                          "PROXY_SHARD_BREAKER_ENABLED=False"))
+    assert codes == [0] * HOSTS, [text[-2000:] for text in texts]
+    served = {(e["site"], e["path"]) for e in entries if e["kind"] == "page" and e["status"] == 200}
+    assert served == {(s, f"/catalog/{n}") for s in SITES for n in range(1, 37)}
+    waits = sorted(float(w) for text in texts
+                   for w in re.findall(r"probe of blocks\.test through the cheaper tier was banned; next probe in "
+                                       r"([\d.]+)s", text))
+    assert len(waits) >= 2 and waits == [2.0 * 2 ** i for i in range(len(waits))], waits  # one doubling each
+    sent = sum(int(n) for text in texts for n in re.findall(r"'proxy_shard/tiers/probes': (\d+)", text))
+    assert sent == len(waits)  # every probe was banned (the site blocks tier 1 for good)
+    # the site's log: after the escalation had reached every host, tier 1 met only the probes there
+    blocked = sorted((e for e in entries if e["site"] == BLOCKS), key=lambda e: e["start"])
+    settled = next(e["start"] for e in blocked if e["ip"] in RESI_IPS) + 2.0
+    late_dc = [e for e in blocked if e["ip"] in DC_IPS and e["start"] > settled]
+    assert len(late_dc) <= sent and all(e["ban_style"] for e in late_dc), late_dc
+    assert [e for e in blocked if e["ip"] in RESI_IPS and e["start"] > settled]  # tier 2 served meanwhile

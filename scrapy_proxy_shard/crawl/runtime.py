@@ -213,7 +213,8 @@ class ShardRuntime:
             sizes = await self._pool_sizes(spider)
             self._served_pools.update(sizes)
             self._log_engine(sizes)
-            self._monitor = HostMonitor.for_runtime(self, spider, self.spider_pool(spider))
+            home = (self.tiers.known_pools(spider) or [self.spider_pool(spider)])[0]  # tiers: the cheapest
+            self._monitor = HostMonitor.for_runtime(self, spider, home)
             await self._monitor.start()
         except ProxyShardError as exc:
             self.open_error = exc
