@@ -557,7 +557,7 @@ class ShardRuntime:
         breaker_waits = 0
         while True:
             self._check_stopping(pool, site)
-            if waits and moved is not None and await moved():
+            if moved is not None and await moved():  # also after queueing at the gate: no wait counted
                 raise TierMoved(f"site {site!r} left pool {pool!r} while its request waited")
             started = loop.time()
             try:
