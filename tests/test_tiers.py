@@ -24,11 +24,12 @@ RESI = ["http://10.8.1.1:3128", "http://10.8.1.2:3128"]
 FAST = TierOptions(min_answers=4, ban_ratio=0.5, window=300, probe_interval=0.001, max_probe_interval=10)
 
 
-@pytest.fixture(params=["fakeredis", "redis-server"])
+@pytest.fixture(params=["fakeredis", "redis-server", "cluster"])
 def store(request):
     if request.param == "fakeredis":
         return PoolStore(fakeredis.FakeRedis(decode_responses=True), namespace="t", host_id="h1")
-    return PoolStore(request.getfixturevalue("real_redis"), namespace="t", host_id="h1")
+    client = request.getfixturevalue("real_redis" if request.param == "redis-server" else "cluster_redis")
+    return PoolStore(client, namespace="t", host_id="h1")
 
 
 def counts(tier, leases=0, ok=0, bans=0, n=2):
@@ -333,3 +334,26 @@ def test_the_cli_lists_the_tiers_and_the_sites_off_the_cheapest(redis_server, re
     assert "fine.example" not in out
     rows = __import__("json").loads(CliRunner().invoke(cli, ["tiers", "--json"], env=env).stdout)
     assert [(r["pool"], r["requests"], r["pages"], r["bans"]) for r in rows] == [("dc", 12, 7, 5), ("resi", 3, 3, 0)]
+
+
+def test_a_sticky_session_keeps_its_tier_until_it_meets_a_ban():
+    h = tiered()
+
+    async def scenario():
+        await h.open()
+        cart = await lease(h, "http://s.example/cart", session_id="cart-1")
+        assert pool_of(cart) == "dc"
+        proxy = cart.meta["proxy"]
+        await h.respond(cart)
+        h.admin.tier_step(TIERS, "s.example", breaker_tier=0, options=h.runtime.settings.tier_options)
+        h.runtime.tiers._sites[(TIERS, "s.example")].fetched = float("-inf")
+        other = await lease(h, "http://s.example/list")
+        assert pool_of(other) == "resi"  # the site moved up
+        await h.respond(other)
+        again = await lease(h, "http://s.example/cart/pay", session_id="cart-1")
+        assert again.meta["proxy"] == proxy  # the session stays on its proxy, on its tier
+        retry = await h.respond(again, status=403, body=b"blocked")
+        await h.lease_mw.process_request(retry)
+        assert pool_of(retry) == "resi"  # banned: the session follows the site's tier
+
+    asyncio.run(scenario())
