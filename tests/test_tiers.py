@@ -357,3 +357,30 @@ def test_a_sticky_session_keeps_its_tier_until_it_meets_a_ban():
         assert pool_of(retry) == "resi"  # banned: the session follows the site's tier
 
     asyncio.run(scenario())
+
+
+def test_a_probe_held_by_another_host_costs_no_round_trip_per_request():
+    h = tiered({"PROXY_SHARD_TIER_PROBE_INTERVAL": 0.001})
+    options = h.runtime.settings.tier_options
+    h.admin.tier_step(TIERS, "s.example", breaker_tier=0, options=options)
+    time.sleep(0.005)
+    assert h.admin.tier_step(TIERS, "s.example", claim=True, options=options).probe  # another host's probe
+
+    async def scenario():
+        await h.open()
+        store = h.runtime.store
+        calls = []
+        real = store.tier_step
+
+        async def counted(*args, **kwargs):
+            calls.append(kwargs.get("claim"))
+            return await real(*args, **kwargs)
+
+        store.tier_step = counted
+        for n in range(8):
+            request = await lease(h, f"http://s.example/{n}")
+            assert pool_of(request) == "resi"
+            await h.respond(request)
+        return calls
+
+    assert len(asyncio.run(scenario())) == 1

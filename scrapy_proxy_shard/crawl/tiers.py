@@ -257,7 +257,10 @@ class TierRouter:
         now = self.clock()
         before = entry.tier
         entry.tier, entry.fetched, entry.local_answers, entry.local_bans = state.tier, now, 0, 0
-        entry.probe_due = None if state.next_probe is None else now + max(0.0, state.next_probe)
+        if state.next_probe is None:
+            entry.probe_due = None
+        else:  # a probe due but not ours (another host holds it): ask again no sooner than REFRESH
+            entry.probe_due = now + (state.next_probe if state.next_probe > 0 or state.probe else REFRESH)
         self._note(tiers, site, state, before)
         return state
 

@@ -105,4 +105,4 @@ redis.call('ZADD', KEYS[3 + t], now + idle, site)
 redis.call('ZREMRANGEBYSCORE', KEYS[3 + t], '-inf', now)
 redis.call('PEXPIRE', KEYS[3 + t], idle)
 redis.call('PEXPIRE', KEYS[2], 30 * 86400000)
-return {t, granted, event, pn > 0 and (pn - now) or -1, pb, n, b}
+return {t, granted, event, pn > 0 and math.max(0, pn - now) or -1, pb, n, b}
