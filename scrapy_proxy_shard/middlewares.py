@@ -189,7 +189,7 @@ class ProxyShardMiddleware:
             host = urlparse_cached(request).hostname  # parsed once per request by Scrapy (cached)
             site = self.runtime.sites.key_for_host(host) if host else self.runtime.sites.key_for_request(request)
             session = _session_id(request, self.runtime.stats)
-            lease = await self.runtime.acquire(request, pool, site, session)
+            lease = await self.runtime.tiers.acquire(request, spider, pool, site, session)  # crawl/tiers.py
         except (UnknownPoolError, SettingError) as exc:
             self.runtime.stats.inc_value(f"{STATS}/pool_errors")
             logger.error("proxy_shard: %(url)s not sent: %(e)s", {"url": request.url, "e": exc})

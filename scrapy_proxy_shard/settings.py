@@ -33,7 +33,8 @@ from scrapy_proxy_shard.engine.breaker import BreakerOptions
 from scrapy_proxy_shard.engine.pacing import AutothrottleOptions
 from scrapy_proxy_shard.engine.proxies import Proxy, mask, parse_proxy
 from scrapy_proxy_shard.engine.proxyfile import read_proxy_file
-from scrapy_proxy_shard.engine.schema import check_name
+from scrapy_proxy_shard.engine.schema import NAME_RE, check_name
+from scrapy_proxy_shard.engine.tiers import TierOptions
 from scrapy_proxy_shard.exceptions import ProxyURLError, SettingError
 
 logger = logging.getLogger(__name__)
@@ -145,6 +146,13 @@ DEFAULTS: dict[str, Any] = {
     "PROXY_SHARD_CONTENT_SUSPECT_PROXIES": 3,  # distinct proxies failing a never-passed content check
     "PROXY_SHARD_PROXY_AWARE_HANDLERS": (),  # download handlers you vouch send requests through meta['proxy']
     "PROXY_SHARD_ALLOW_DIRECT": False,  # meta['proxy_shard'] = False may send a request from this host's IP
+    # Tiered pools (crawl/tiers.py): pools cheap -> expensive; per site the cluster moves up on blocks
+    "PROXY_SHARD_TIERS": None,
+    "PROXY_SHARD_TIER_MIN_ANSWERS": 8,  # answers on a tier before its ban ratio can move a site up
+    "PROXY_SHARD_TIER_BAN_RATIO": 0.5,  # bans / answers on a tier that move a site up
+    "PROXY_SHARD_TIER_WINDOW": 300.0,  # the evidence counts half after this long
+    "PROXY_SHARD_TIER_PROBE_INTERVAL": 60.0,  # first probe of the lower tier; doubles when a probe is banned
+    "PROXY_SHARD_TIER_MAX_PROBE_INTERVAL": 3600.0,
 }
 
 #: Unknown ``PROXY_SHARD_*`` names (``check_setting_names``). The rule: a name whose closest known
@@ -161,7 +169,7 @@ COORDINATION_SETTINGS: dict[str, str] = {
                      "PROXY_SHARD_REDIS_SENTINEL_MASTER"), "which Redis the hosts share"),
     "PROXY_SHARD_MODE": "whether the hosts share one pool",
     "PROXY_SHARD_NAMESPACE": "which keys the hosts share",
-    **dict.fromkeys(("PROXY_SHARD_POOL", "PROXY_SHARD_SITE_POOLS", "PROXY_SHARD_PLATFORMS"),
+    **dict.fromkeys(("PROXY_SHARD_POOL", "PROXY_SHARD_SITE_POOLS", "PROXY_SHARD_PLATFORMS", "PROXY_SHARD_TIERS"),
                     "which pool the hosts lease from"),
     "PROXY_SHARD_SITE_GROUPS": "which sites the hosts pace as one",
     **dict.fromkeys(("PROXY_SHARD_PROXIES", "PROXY_SHARD_PROXIES_PATH"), "which proxies are in the pool"),
@@ -379,6 +387,9 @@ class ShardSettings:
     proxy_aware_handlers: tuple[str, ...]
     #: An explicit opt-out (meta['proxy_shard'] = False) may go out from this host's own IP.
     allow_direct: bool
+    #: PROXY_SHARD_TIERS: pools cheap -> expensive (None: no tiers), and when a site moves between them.
+    tiers: tuple[str, ...] | None
+    tier_options: TierOptions
 
     ATTRIBUTE = "_proxy_shard_settings"
 
@@ -505,6 +516,8 @@ class ShardSettings:
             content_suspect_proxies=_integer(get, "PROXY_SHARD_CONTENT_SUSPECT_PROXIES", minimum=1, maximum=1000),
             proxy_aware_handlers=_declared_handlers(get("PROXY_SHARD_PROXY_AWARE_HANDLERS")),
             allow_direct=_boolean(s, "PROXY_SHARD_ALLOW_DIRECT"),
+            tiers=check_tiers(get("PROXY_SHARD_TIERS"), "PROXY_SHARD_TIERS"),
+            tier_options=_tier_options(get),
         )
 
     def breaker_for(self, site: str) -> BreakerOptions | None:
@@ -1270,3 +1283,46 @@ def _sentinel_master(get) -> str | None:
     if get("PROXY_SHARD_REDIS_SENTINELS") and not name:
         raise SettingError("PROXY_SHARD_REDIS_SENTINELS is set: PROXY_SHARD_REDIS_SENTINEL_MASTER must name the master")
     return name or None
+
+
+def check_tiers(raw: Any, label: str) -> tuple[str, ...] | None:
+    """A tier list (``PROXY_SHARD_TIERS``, a spider's ``proxy_tiers``): two or more distinct pool names,
+    cheapest first; None when not given. A bad one is one ``SettingError`` naming the problem and the fix."""
+    if raw is None:
+        return None
+    example = "e.g. ['datacenter', 'residential']"
+    if isinstance(raw, str):
+        items: list[Any] = [part.strip() for part in raw.split(",")] if raw.strip() else []
+    elif isinstance(raw, (list, tuple)):
+        items = list(raw)
+    else:
+        raise SettingError(f"{label} ({raw!r}) must be a list of pool names, cheapest first ({example})")
+    if not items:
+        raise SettingError(f"{label} is empty: name two or more pools, cheapest first ({example}), or remove "
+                           f"it to lease from one pool")
+    for item in items:
+        if not isinstance(item, str) or not NAME_RE.fullmatch(item):
+            raise SettingError(f"{label} ({items!r}): {item!r} is not a pool name (1-64 letters, digits, '.', '_' "
+                               f"or '-'); list the pools by name, cheapest first ({example})")
+    seen = [item for n, item in enumerate(items) if item in items[:n]]
+    if seen:
+        raise SettingError(f"{label} ({items!r}) names pool {seen[0]!r} twice: list each pool once, cheapest first")
+    if len(items) < 2:
+        raise SettingError(f"{label} ({items!r}) names one pool: tiers need two or more, cheapest first; to lease "
+                           f"from one pool set PROXY_SHARD_POOL (or the spider's proxy_pool) instead")
+    return tuple(items)
+
+
+def _tier_options(get: Any) -> TierOptions:
+    probe = _number(get, "PROXY_SHARD_TIER_PROBE_INTERVAL", minimum=0.001, maximum=MAX_BAN_TTL)
+    longest = _number(get, "PROXY_SHARD_TIER_MAX_PROBE_INTERVAL", minimum=0.001, maximum=MAX_BAN_TTL)
+    if longest < probe:
+        raise SettingError(f"PROXY_SHARD_TIER_MAX_PROBE_INTERVAL ({longest!r}) must be >= "
+                           f"PROXY_SHARD_TIER_PROBE_INTERVAL ({probe!r})")
+    return TierOptions(
+        min_answers=_integer(get, "PROXY_SHARD_TIER_MIN_ANSWERS", minimum=1, maximum=1_000_000),
+        ban_ratio=_number(get, "PROXY_SHARD_TIER_BAN_RATIO", minimum=0.01, maximum=1.0),
+        window=_number(get, "PROXY_SHARD_TIER_WINDOW", minimum=1.0, maximum=MAX_BAN_TTL),
+        probe_interval=probe,
+        max_probe_interval=longest,
+    )

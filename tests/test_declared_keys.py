@@ -186,6 +186,10 @@ def _cycle(url: str) -> None:
     assert [row[0] for row in other.host_list(POOL)[1]] == ["h2"]  # the fallback's read, stamped
     assert "a.example" in other.sites(POOL)
     assert other.leave(POOL)
+    # a site's tier on a tier list: an escalation, a probe claimed and answered
+    tiers = (POOL, "dear")
+    store.tier_step(tiers, "a.example", counts=[8, 0, 8, 0, 0, 0])
+    store.tier_step(tiers, "a.example", probe_answer="ok", probe_tier=0, claim=True)
     # a pool of the previous layout is migrated by the first lease
     _old_layout(client, store.prefix(POOL), "a.example")
     assert isinstance(store.lease(POOL, "a.example", ttl=5), Lease)

@@ -241,6 +241,12 @@ CANNOT_START = {
                            "PROXY_SHARD_REDIS_URL?"),
     "missing list file": (ADDON + "\nPROXY_SHARD_PROXIES = None\nPROXY_SHARD_PROXIES_PATH = 'proxies.txt'",
                           "PROXY_SHARD_PROXIES_PATH: no file 'proxies.txt' ("),
+    # Issue 23: a tier list that cannot work
+    "empty tiers": (ADDON + "\nPROXY_SHARD_TIERS = []", "PROXY_SHARD_TIERS is empty: name two or more pools"),
+    "duplicate tier": (ADDON + "\nPROXY_SHARD_TIERS = ['default', 'default']",
+                       "PROXY_SHARD_TIERS (['default', 'default']) names pool 'default' twice"),
+    "unknown tier pool": (ADDON + "\nPROXY_SHARD_TIERS = ['default', 'ghost']",
+                          "pool 'ghost' (namespace 'wiring', from PROXY_SHARD_TIERS) holds no proxies"),
 }
 
 

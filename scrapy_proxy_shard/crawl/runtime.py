@@ -27,6 +27,7 @@ from scrapy_proxy_shard.crawl.health import HostMonitor
 from scrapy_proxy_shard.crawl.liveness import Liveness, close_spider_soon
 from scrapy_proxy_shard.crawl.logstats import INTERVAL_STAT, MARGIN_STAT
 from scrapy_proxy_shard.crawl.startup import StartupGate, check_eviction
+from scrapy_proxy_shard.crawl.tiers import TierMoved, TierRouter
 from scrapy_proxy_shard.engine.breaker import BreakerEvent
 from scrapy_proxy_shard.engine.schema import check_name
 from scrapy_proxy_shard.engine.sites import SiteMap, site_of_request
@@ -173,6 +174,8 @@ class ShardRuntime:
         #: The plugin's scrapy-playwright contexts (crawl/contexts.py); None without a browser handler.
         self.browser: Any = None
         self._page_releases: set[asyncio.Future] = set()  # releases of held pages' leases, under way
+        #: Tiered pools (PROXY_SHARD_TIERS, a spider's proxy_tiers): each site's tier (crawl/tiers.py).
+        self.tiers = TierRouter(self)
 
     @classmethod
     def for_crawler(cls, crawler: Any) -> ShardRuntime:
@@ -214,7 +217,8 @@ class ShardRuntime:
             sizes = await self._pool_sizes(spider)
             self._served_pools.update(sizes)
             self._log_engine(sizes)
-            self._monitor = HostMonitor.for_runtime(self, spider, self.spider_pool(spider))
+            home = (self.tiers.known_pools(spider) or [self.spider_pool(spider)])[0]  # tiers: the cheapest
+            self._monitor = HostMonitor.for_runtime(self, spider, home)
             await self._monitor.start()
         except ProxyShardError as exc:
             self.open_error = exc
@@ -232,7 +236,12 @@ class ShardRuntime:
                 except SettingError:
                     raise SettingError(
                         f"PROXY_SHARD_SITE_POOLS[{site!r}] ({pool!r}) is not a valid pool name") from None
-        pools = list(dict.fromkeys(pools))
+        tiered = self.tiers.known_pools(spider)
+        if self.tiers.spider_tiers(spider) is not None:
+            pools = []  # the spider's tiers take every request that names no pool
+        elif tiered:  # PROXY_SHARD_POOL serves only requests that name no pool: with tiers there are none
+            pools = [p for p in pools if p != self.settings.pool or p in self.settings.site_pools.values()]
+        pools = list(dict.fromkeys(pools + tiered))
         for platform in self.settings.platforms or {}:
             pools += [platform_pool(pool, platform) for pool in pools if "." not in pool]
         return pools
@@ -251,6 +260,9 @@ class ShardRuntime:
         return sizes
 
     def _pool_source(self, pool: str, spider: Any) -> str:
+        tier_source = self.tiers.source_of(pool, spider)
+        if tier_source is not None:
+            return tier_source
         if getattr(spider, "proxy_pool", None):
             return f"spider {spider.name!r} attribute proxy_pool"
         if pool in (self.settings.site_pools or {}).values():
@@ -319,6 +331,7 @@ class ShardRuntime:
         self.liveness.spider_closed(reason)
         if reason == HOST_ID_TAKEN_REASON and self.host_id_lost:
             self.crawler.spider = None  # exit code 1 (the runners count a crawler without a spider as failed)
+        await self.tiers.flush()
         leases, self._held = list(self._held.values()), {}
         self._inflight.clear()
         released = 0
@@ -443,7 +456,8 @@ class ShardRuntime:
         entry = self._inflight.get(request)
         return entry.lease if entry else None
 
-    async def acquire(self, request: Request, pool: str, site: str, session_id: str | None) -> Lease:
+    async def acquire(self, request: Request, pool: str, site: str, session_id: str | None,
+                      moved: Callable[[], Any] | None = None) -> Lease:
         """Lease a slot for ``request``, waiting as long as the engine says.
 
         A wait the pool will end (slots in use, pacing, quarantines, an open breaker) lasts as long as
@@ -452,6 +466,9 @@ class ShardRuntime:
         wait with no known end (a pool Redis lost, Redis stalled, the host on its local fallback) is
         bounded by ``PROXY_SHARD_MAX_WAIT`` from the moment the request first asked. Any wait ends at
         once when the crawl stops (the request fails; it is never sent without a proxy).
+
+        ``moved``: an async callable asked between two waits; when it answers True the request's site
+        left ``pool`` (its tier changed, crawl/tiers.py) and ``TierMoved`` ends the wait, no lease taken.
         """
         loop = asyncio.get_running_loop()
         asked = loop.time()
@@ -476,7 +493,7 @@ class ShardRuntime:
                 else:
                     await self._until(gate.__aenter__(), None, pool, site, release=gate.__aexit__)
                 try:
-                    result = await self._lease_loop(pool, site, session_id, ttl, deadline)
+                    result = await self._lease_loop(pool, site, session_id, ttl, deadline, moved)
                 finally:
                     await gate.__aexit__(None, None, None)
             if self._lost_pools or pool not in self._served_pools:  # a pool back, or first seen now
@@ -497,6 +514,15 @@ class ShardRuntime:
         self._record(request, result, session_id, site)
         self.crawler.signals.send_catch_log(shard_signals.lease_acquired, request=request, lease=result, waited=waited)
         return result
+
+    async def try_acquire(self, request: Request, pool: str, site: str) -> Lease | None:
+        """Lease for ``request`` from ``pool`` only if a slot is free now (one call, no wait): a tier's
+        probe (crawl/tiers.py). None when the pool has none free for ``site``, or did not answer."""
+        lease = await self._ask_once(pool, site, self._lease_ttl(request))
+        if lease is not None:
+            self._record(request, lease, None, site)
+            self.crawler.signals.send_catch_log(shard_signals.lease_acquired, request=request, lease=lease, waited=0.0)
+        return lease
 
     async def _ask_once(self, pool: str, site: str, ttl: float) -> Lease | None:
         """One lease call outside the gate: the lease, or None (a wait, or any error) after which the
@@ -525,7 +551,7 @@ class ShardRuntime:
             return request.meta.get("download_slot") or urlparse_cached(request).hostname or ""
 
     async def _lease_loop(self, pool: str, site: str, session_id: str | None, ttl: float,
-                          deadline: float) -> Lease:
+                          deadline: float, moved: Callable[[], Any] | None = None) -> Lease:
         """Ask the store until it hands out a lease; every pass waits at least MIN_PAUSE (cannot spin)."""
         s = self.settings
         concurrency = self.options_of(site).concurrency
@@ -535,6 +561,8 @@ class ShardRuntime:
         breaker_waits = 0
         while True:
             self._check_stopping(pool, site)
+            if moved is not None and await moved():  # also after queueing at the gate: no wait counted
+                raise TierMoved(f"site {site!r} left pool {pool!r} while its request waited")
             started = loop.time()
             try:
                 result = await self.store.lease(pool, site, ttl=ttl, concurrency=concurrency,
@@ -953,7 +981,9 @@ class ShardRuntime:
         except PoolBackendError as exc:
             self.stats.inc_value(f"{STATS}/release/errors")
             logger.warning("proxy_shard: release failed (the lease expires by itself): %(e)s", {"e": exc})
+            await self.tiers.answered(request, outcome, None)
             return None
+        await self.tiers.answered(request, outcome, result)
         self.stats.inc_value(f"{STATS}/release/{result.status}")
         if result.status == "ok":
             elapsed = result.now - lease.issued_at  # both on the Redis clock

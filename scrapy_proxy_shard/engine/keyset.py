@@ -52,8 +52,9 @@ ROLES: dict[str, tuple[str, ...]] = {
     "pool_status": (s.BANS, s.SITE, s.READY),
     "content": (s.PROXIES, s.SITESTATS, s.BREAKER, s.CONTENT),
 }
-#: Scripts whose KEYS depend on data (built by ``sites_keys``, ``session_keys``, ``migrate_*_keys``).
-VARIABLE = ("sites", "sessions", "migrate")
+#: Scripts whose KEYS depend on data (built by ``sites_keys``, ``session_keys``, ``migrate_*_keys``,
+#: ``tier_keys``).
+VARIABLE = ("sites", "sessions", "migrate", "tier")
 
 
 @lru_cache(maxsize=8192)
@@ -120,3 +121,9 @@ def migrate_rekey_keys(prefix: str) -> list[str]:
 def migrate_done_keys(prefix: str) -> list[str]:
     """migrate.lua "done": P:meta and the old layout's two hashes (deleted)."""
     return [s.sub_key(prefix, s.META), s.sub_key(prefix, s.LEGACY_SITES), s.sub_key(prefix, s.LEGACY_SITEBUILD)]
+
+
+def tier_keys(prefix: str, site: str, n_tiers: int) -> list[str]:
+    """tier.lua: the site's tier hash, the list's counters, then one ZSET of sites per tier."""
+    return [f"{prefix}:{s.TIER_SITE}:{site}", f"{prefix}:{s.TIER_COUNTS}",
+            *(f"{prefix}:{s.TIER_ON}:{i}" for i in range(n_tiers))]

@@ -178,3 +178,25 @@ def pace_key(prefix: str, site: str) -> str:
 def sub_key(prefix: str, name: str) -> str:
     """A pool-level structure: ``name`` is one of KEY_SUFFIXES (``PROXIES``, ``BANS``, ...)."""
     return f"{prefix}:{name}"
+
+
+# --- tier lists (PROXY_SHARD_TIERS, engine/tiers.py, lua/tier.lua) ------------------------------------
+#: A tier list's keys are not a pool's: they share the list's own hash tag ``{namespace:tiers:a>b}``
+#: (pool names cannot hold ">"), so every tier.lua call touches one Cluster slot.
+TIER_SITE = "site"       # HASH per site: its tier and the evidence (fields in lua/tier.lua)
+TIER_COUNTS = "counts"   # HASH "<counter>:<tier index>" (TIER_COUNTERS)
+TIER_ON = "on"           # ZSET per tier index: site -> ms its tier state expires (the sites on it now)
+#: Counters of a tier list, per tier index: leases, fine answers, bans, escalations to it, descents
+#: to it, probes of it, probes of it banned.
+TIER_COUNTERS = ("l", "ok", "ban", "up", "down", "probe", "pban")
+TIER_SEP = ">"
+
+
+def tiers_prefix(namespace: str, tiers: tuple[str, ...] | list[str]) -> str:
+    """The hash-tagged prefix of one tier list's keys: ``{namespace:tiers:cheap>dear}``."""
+    return f"{{{namespace}:tiers:{TIER_SEP.join(tiers)}}}"
+
+
+def tiers_registry(namespace: str) -> str:
+    """SET of the tier lists used in a namespace (``cheap>dear``), for the CLI and the exporter."""
+    return f"{namespace}:tiers"

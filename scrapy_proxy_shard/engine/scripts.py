@@ -52,6 +52,7 @@ OPERATIONS = (
     "sites",
     "sessions",
     "migrate",
+    "tier",
 )
 
 _FOLDER = Path(__file__).with_name("lua")

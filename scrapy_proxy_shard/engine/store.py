@@ -31,7 +31,7 @@ import contextlib
 import random
 import secrets
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import redis
@@ -73,6 +73,7 @@ from scrapy_proxy_shard.engine.store_calls import (
 from scrapy_proxy_shard.engine.store_hosts import _Hosts
 from scrapy_proxy_shard.engine.store_lease import _Leasing
 from scrapy_proxy_shard.engine.store_views import _Views
+from scrapy_proxy_shard.engine.tiers import TierOptions, TierState, _Tiers
 from scrapy_proxy_shard.exceptions import PoolBackendError
 
 #: What other modules import from here (the records and constants moved out are re-exported).
@@ -95,7 +96,7 @@ __all__ = [
 ]
 
 
-class _StoreBase(_Leasing, _Admin, _Views, _Hosts, _Calls):
+class _StoreBase(_Leasing, _Admin, _Views, _Hosts, _Tiers, _Calls):
     """Plans shared by both stores. Subclasses supply ``_drive`` (sync or async).
 
     Composed of one mixin per concern, each in its own module: ``_Leasing`` (store_lease.py), ``_Admin``
@@ -303,6 +304,13 @@ class PoolBackend(Protocol):
         ...
 
     async def end_session(self, pool: str, site: str, session_id: str, *, min_interval: float = 0.0) -> bool: ...
+
+    async def tier_step(self, tiers: Sequence[str], site: str, *, counts: Sequence[int] = (), breaker_tier: int = -1,
+                        probe_answer: str = "", probe_tier: int = -1, claim: bool = False,
+                        options: TierOptions | None = None, probe_ttl: float = 60.0,
+                        idle: float = 3600.0) -> TierState:
+        """One step of a site's tier on a tier list (engine/tiers.py): report answers, take a due probe."""
+        ...
 
     async def pools(self) -> list[str]: ...
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -43,6 +44,7 @@ from scrapy_proxy_shard.engine.store import (
     PoolBackend,
     ReleaseResult,
 )
+from scrapy_proxy_shard.engine.tiers import TierOptions, TierState
 from scrapy_proxy_shard.exceptions import (
     HostIdTaken,
     PoolBackendError,
@@ -312,6 +314,19 @@ class FallbackPoolStore(PoolBackend):
             return await store.end_session(pool, site, session_id, min_interval=min_interval)
         except PoolUnreachable:
             return False
+
+    async def tier_step(self, tiers: Sequence[str], site: str, *, counts: Sequence[int] = (), breaker_tier: int = -1,
+                        probe_answer: str = "", probe_tier: int = -1, claim: bool = False,
+                        options: TierOptions | None = None, probe_ttl: float = 60.0,
+                        idle: float = 3600.0) -> TierState:
+        """Redis only: a site's tier is the cluster's word. During an outage this raises at once
+        (``PoolUnreachable``, no round trip to a silent Redis): the crawl keeps the last tier it knew
+        for the site (crawl/tiers.py)."""
+        if self.state != "redis":
+            raise PoolUnreachable(f"tier of {site!r} not asked: {self.primary.where} is away (local fallback)")
+        return await self.primary.tier_step(tiers, site, counts=counts, breaker_tier=breaker_tier,
+                                            probe_answer=probe_answer, probe_tier=probe_tier, claim=claim,
+                                            options=options, probe_ttl=probe_ttl, idle=idle)
 
     async def aclose(self) -> None:
         if self._probe is not None:

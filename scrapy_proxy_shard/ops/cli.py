@@ -530,6 +530,37 @@ def _status(obj: Ctx, proxies: bool, as_json: bool) -> str:
 
 
 @cli.command()
+@click.option("--json", "as_json", is_flag=True, help="JSON for scripts.")
+@click.pass_obj
+def tiers(obj: Ctx, as_json: bool) -> None:
+    """Tiered pools: per tier, sites on it, requests, pages, bans; the sites off the cheapest tier."""
+    rows = []
+    for tier_list in obj.store.tier_lists():
+        sites = obj.store.tier_sites(tier_list)
+        for i, c in enumerate(obj.store.tier_counts(tier_list)):
+            rows.append({"tiers": ">".join(tier_list), "tier": i + 1, "pool": c.pool, "sites_now": c.sites,
+                         "requests": c["l"], "pages": c["ok"], "bans": c["ban"], "moved_up": c["up"],
+                         "moved_down": c["down"], "probes": c["probe"], "probes_banned": c["pban"],
+                         "sites": [site for site, t in sites.items() if t == i] if i else []})
+    if as_json:
+        _json(rows)
+        return
+    if not rows:
+        click.echo("no tier lists in this namespace (PROXY_SHARD_TIERS)")
+        return
+    head = ("tiers", "tier", "pool", "sites now", "requests", "pages", "bans", "up", "down", "probes (banned)")
+    body = [(r["tiers"], str(r["tier"]), r["pool"], str(r["sites_now"]), str(r["requests"]), str(r["pages"]),
+             str(r["bans"]), str(r["moved_up"]), str(r["moved_down"]), f"{r['probes']} ({r['probes_banned']})")
+            for r in rows]
+    widths = [max(len(x) for x in col) for col in zip(head, *body, strict=True)]
+    for line in (head, *body):
+        click.echo("  ".join(x.ljust(w) for x, w in zip(line, widths, strict=True)).rstrip())
+    for r in rows:
+        if r["sites"]:
+            click.echo(f"{r['tiers']}: on {r['pool']!r} (tier {r['tier']}): {', '.join(r['sites'])}")
+
+
+@cli.command()
 @click.option("--interval", type=click.FloatRange(min=0.1), default=2.0, show_default=True, help="Seconds.")
 @click.option("--proxies", is_flag=True, help="Add one row per proxy and site.")
 @click.option("--iterations", type=click.IntRange(min=0), default=0, help="Stop after N refreshes (0: never).")

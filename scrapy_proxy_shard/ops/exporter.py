@@ -31,6 +31,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from scrapy_proxy_shard.engine import schema
 from scrapy_proxy_shard.engine.store import PoolStore
+from scrapy_proxy_shard.engine.tiers import TierCounts
 from scrapy_proxy_shard.exceptions import ProxyShardError
 from scrapy_proxy_shard.ops.snapshot import STATES, PoolSnapshot, read_pool
 from scrapy_proxy_shard.settings import DEFAULTS
@@ -110,15 +111,18 @@ class PoolCollector:
         started = time.perf_counter()
         try:
             snapshots = [read_pool(self.store, pool) for pool in (self.pools or self.store.pools())]
+            tiers = [(t, self.store.tier_counts(t)) for t in self.store.tier_lists()
+                     if self.pools is None or set(t) & set(self.pools)]
             up = 1.0
             if self._up == 0.0:
                 logger.warning("proxy_shard exporter: Redis answers again")
         except ProxyShardError as exc:
             if self._up != 0.0:
                 logger.warning("proxy_shard exporter: %(e)s (serving proxy_shard_up 0 until it answers)", {"e": exc})
-            snapshots, up = [], 0.0
+            snapshots, tiers, up = [], [], 0.0
         self._up = up
         yield from pool_metrics(snapshots, {s.pool: self.ranking.choose(s) for s in snapshots})
+        yield from tier_metrics(tiers)
         yield _gauge("proxy_shard_up", "1 if Redis answered this scrape, else 0", [], [((), up)])
         yield _gauge("proxy_shard_scrape_duration_seconds", "Time this scrape spent reading Redis", [],
                      [((), time.perf_counter() - started)])
@@ -199,6 +203,28 @@ def pool_metrics(snapshots: Sequence[PoolSnapshot],
                    lambda s: int(s.counters.get(schema.REBINDS, 0)), "counter")
     yield from breaker_metrics(snapshots, site_label)
     yield from host_metrics(snapshots)
+
+
+def tier_metrics(lists: Sequence[tuple[tuple[str, ...], Sequence[TierCounts]]]) -> Iterator[Metric]:
+    """Per tier list (``tiers="dc>resi"``) and tier (``pool``), summed over every host: the sites on the
+    tier now, and what the tier served (engine/tiers.py): what the expensive tier costs."""
+    rows = [(schema.TIER_SEP.join(tiers), c) for tiers, counts in lists for c in counts]
+    labels = ["tiers", "pool"]
+    yield _gauge("proxy_shard_tier_sites", "Sites on this tier now (their tier state alive)", labels,
+                 [((name, c.pool), c.sites) for name, c in rows])
+    yield _counter("proxy_shard_tier_requests", "Requests sent through this tier (leases)", labels,
+                   [((name, c.pool), c["l"]) for name, c in rows])
+    yield _counter("proxy_shard_tier_responses", "Answers through this tier by outcome (ok, banned)",
+                   [*labels, "outcome"],
+                   [((name, c.pool, outcome), c[field]) for name, c in rows
+                    for outcome, field in (("ok", "ok"), ("banned", "ban"))])
+    yield _counter("proxy_shard_tier_changes", "Sites moved to this tier: up (the cheaper tier blocked) or "
+                   "down (a probe of it was answered fine)", [*labels, "change"],
+                   [((name, c.pool, change), c[change]) for name, c in rows for change in ("up", "down")])
+    yield _counter("proxy_shard_tier_probes", "Probe requests sent through this tier, by outcome (sent, banned)",
+                   [*labels, "outcome"],
+                   [((name, c.pool, outcome), c[field]) for name, c in rows
+                    for outcome, field in (("sent", "probe"), ("banned", "pban"))])
 
 
 BREAKER_STATES = ("closed", "open", "half_open")

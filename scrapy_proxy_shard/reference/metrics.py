@@ -33,10 +33,11 @@ LABELS: dict[str, str] = {
             "sites outside the pool's top sites",
     "state": "a slot's or a breaker's state",
     "reason": "a quarantine's reason (`http_403`, `timeout`, `manual`, ...)",
-    "outcome": "`ok`, `error` or `banned`",
+    "outcome": "`ok`, `error` or `banned` (a tier's probes: `sent` or `banned`)",
     "status": "`stale` or `expired`",
     "quantile": "`0.5`, `0.9` or `1.0`",
-    "change": "`up`, `down` or `skip`",
+    "change": "`up`, `down` or `skip` (a tier: `up` or `down`)",
+    "tiers": "a tier list (`PROXY_SHARD_TIERS`), its pools joined by `>` cheap first: `datacenter>residential`",
     "host": "a live host's id (`PROXY_SHARD_HOST_ID`)",
 }
 
@@ -79,6 +80,14 @@ METRICS: tuple[MetricDoc, ...] = (
     _m("proxy_shard_breaker_closed_total", C, "pool, site", "times it closed (a probe was answered fine)"),
     _m("proxy_shard_breaker_spared_total", C, "pool, site", "bans while it was open or half-open: no "
        "quarantine, no strike"),
+    _m("proxy_shard_tier_sites", G, "tiers, pool", "sites on the tier now ([tiered pools](../guide/tiers.md))"),
+    _m("proxy_shard_tier_requests_total", C, "tiers, pool", "requests sent through the tier, every host"),
+    _m("proxy_shard_tier_responses_total", C, "tiers, pool, outcome", "their answers: `ok` (pages) and "
+       "`banned`: what the tier costs per page"),
+    _m("proxy_shard_tier_changes_total", C, "tiers, pool, change", "sites moved to the tier: `up` (the cheaper "
+       "tier blocked), `down` (a probe of it answered fine)"),
+    _m("proxy_shard_tier_probes_total", C, "tiers, pool, outcome", "probe requests through the tier: `sent`, "
+       "`banned`"),
     _m("proxy_shard_host_up", G, "pool, host", "1 per live host"),
     _m("proxy_shard_host_heartbeat_age_seconds", G, "pool, host", "seconds since the host's last heartbeat"),
     _m("proxy_shard_host_requests_total", C, "pool, host", "leases the host took since it registered"),

@@ -202,6 +202,23 @@ SECTIONS: tuple[Section, ...] = (
         S("PROXY_SHARD_BREAKER_PROBES", "probe leases per half-open round (one at a time); that many without a "
           "verdict (404, network error) re-open it"),
     )),
+    Section("Tiered pools", "Cheap proxies first, dearer ones only for the sites that block them "
+            "([tiered pools](../guide/tiers.md)). The state is shared: every host should use the same values.", (
+        S("PROXY_SHARD_TIERS", "pools ordered cheap → expensive (`[\"datacenter\", \"residential\"]`, or "
+          "`datacenter,residential` with `-s`): per site, every host starts on the first and moves up when the "
+          "site blocks the one it is on; a spider's `proxy_tiers` attribute overrides it. `meta['proxy_pool']`, a "
+          "spider's `proxy_pool` and `PROXY_SHARD_SITE_POOLS` win over tiers. An empty list, a duplicate, a bad "
+          "name or a pool holding no proxies stops the crawl at start", default="unset (no tiers)"),
+        S("PROXY_SHARD_TIER_MIN_ANSWERS", "answers on a site's tier before its ban ratio may move the site up"),
+        S("PROXY_SHARD_TIER_BAN_RATIO", "bans / answers on a site's tier that move it up a tier on every host "
+          "(the site's circuit breaker opening on that tier's pool moves it up at once)"),
+        S("PROXY_SHARD_TIER_WINDOW", "the evidence counts half after this long; a descent that fails within it "
+          "doubles the wait before the next probe", unit="s"),
+        S("PROXY_SHARD_TIER_PROBE_INTERVAL", "after a site moves up, one request through the tier below is sent "
+          "this long after (one at a time, cluster-wide); answered fine, the site comes back down; banned, the "
+          "wait doubles", unit="s"),
+        S("PROXY_SHARD_TIER_MAX_PROBE_INTERVAL", "the cap of that doubling wait", unit="s"),
+    )),
     Section("Download handlers", "What may download a leased request, and whether anything may leave from the "
             "host's own IP ([download handlers](../failure-model.md#download-handlers)).", (
         S("PROXY_SHARD_PROXY_AWARE_HANDLERS", "download handler classes (or dotted paths) you vouch send every "

@@ -101,6 +101,23 @@ SECTIONS: tuple[StatSection, ...] = (
              "content-check failures on a site where the check never passed (no quarantine), and breakers they "
              "opened (cause `content`)"),
     )),
+    StatSection("Tiered pools", "Per tier (pool) of `PROXY_SHARD_TIERS`: what each tier serves and what it costs "
+                "([tiered pools](../guide/tiers.md)).", (
+        _doc("proxy_shard/tiers/{pool}/requests, proxy_shard/tiers/{pool}/pages, proxy_shard/tiers/{pool}/bans",
+             f"{MW}, {FINISH} (tiers.py)", "requests this host sent through the tier, those answered fine, and "
+             "those judged a ban"),
+        _doc("proxy_shard/tiers/up, proxy_shard/tiers/down", "tiers.py", "sites this host's steps moved up a "
+             "tier (the site blocks the cheaper one) and back down (a probe was answered fine): the change "
+             "holds for every host"),
+        _doc("proxy_shard/tiers/probes, proxy_shard/tiers/probes/banned, proxy_shard/tiers/probes/skipped",
+             "tiers.py", "probe requests sent through the cheaper tier, probes banned there (the next waits "
+             "twice as long), and probes given up because the cheaper tier had no free proxy for the site"),
+        _doc("proxy_shard/tiers/moved_waits", "tiers.py", "requests that waited for a proxy of one tier (its "
+             "proxies quarantined or busy on the site) and went to the site's new tier when it moved"),
+        _doc("proxy_shard/tiers/offline, proxy_shard/tiers/local_up", "tiers.py", "tier steps Redis did not "
+             "answer (the site kept the last tier this host knew), and sites moved up by this host alone "
+             "meanwhile"),
+    )),
     StatSection("Pacing", "See [pacing](../guide/pacing.md) and [pacing in depth](../pacing.md).", (
         _doc("proxy_shard/autothrottle/interval/{site}", FINISH, "adaptive pacing: the site's learned interval "
              "(s) as of this host's last release there"),
