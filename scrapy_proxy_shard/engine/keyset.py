@@ -26,7 +26,7 @@ LEASE_MEMO = "lease_memo"
 
 #: Keys of the pool, named ``<prefix>:<role>``.
 POOL_ROLES = frozenset({s.PROXIES, s.TAGS, s.ORDER, s.SITEIDX, s.BANS, s.BANIDX, s.PSTATS, s.HSTATS, s.SSTATS,
-                        s.COUNTERS, s.META, s.HOSTS, s.HOSTINFO, s.LOAD})
+                        s.COUNTERS, s.META, s.HOSTS, s.HOSTINFO, s.LOAD, s.GWROT, s.GWEXIT})
 #: Keys of the call's site, named ``<prefix>:<role>:<site>``.
 SITE_ROLES = frozenset({s.SITE, s.READY, s.WAITING, s.FREED, s.BREAKER, s.BREAKER_SEEN, s.PACE, s.CONTENT})
 
@@ -50,6 +50,8 @@ ROLES: dict[str, tuple[str, ...]] = {
     "host_list": (s.HOSTS, s.HOSTINFO),
     "pool_status": (s.BANS, s.SITE, s.READY),
     "content": (s.PROXIES, s.SSTATS, s.BREAKER, s.CONTENT),
+    "gateway_rotate": (s.PROXIES, s.COUNTERS, s.GWROT),
+    "gateway_exit": (s.PROXIES, s.COUNTERS, s.GWEXIT),
 }
 #: Scripts whose KEYS depend on data (built by ``sites_keys``, ``session_keys``, ``migrate_*_keys``).
 VARIABLE = ("sites", "sessions", "migrate")

@@ -64,10 +64,18 @@ def proxy_id(canonical_url: str) -> str:
 
 def exit_key(canonical_url: str) -> str:
     """The exit of a canonical URL (``parse_proxy``'s output): ``host:port``, or ``host:port#session``
-    for an entry that declares a gateway session. The scheme and the credentials are not part of it."""
+    for an entry that declares a gateway session. The scheme and the credentials are not part of it,
+    nor is the token of a gateway slot (``#session=gw.<gid>.<k>.<token>``, engine/gateway.py): a
+    rotation gives the slot a new exit IP under the same id."""
     address, _, session = canonical_url.partition(SESSION_MARK)
     address = address[address.find("://") + 3:]  # canonical: the scheme is always there
     address = address[address.rfind("@") + 1:]
+    if session.startswith("gw."):  # a gateway slot: its exit outlives its token (engine/gateway.py)
+        from scrapy_proxy_shard.engine.gateway import slot_exit
+
+        slot = slot_exit(address, session)
+        if slot is not None:
+            return slot
     return f"{address}#{session}" if session else address
 
 

@@ -70,6 +70,7 @@ from scrapy_proxy_shard.engine.store_calls import (
     _ms,
     _Script,
 )
+from scrapy_proxy_shard.engine.store_gateway import _Gateway
 from scrapy_proxy_shard.engine.store_hosts import _Hosts
 from scrapy_proxy_shard.engine.store_lease import _Leasing
 from scrapy_proxy_shard.engine.store_views import _Views
@@ -95,7 +96,7 @@ __all__ = [
 ]
 
 
-class _StoreBase(_Leasing, _Admin, _Views, _Hosts, _Calls):
+class _StoreBase(_Leasing, _Admin, _Views, _Hosts, _Gateway, _Calls):
     """Plans shared by both stores. Subclasses supply ``_drive`` (sync or async).
 
     Composed of one mixin per concern, each in its own module: ``_Leasing`` (store_lease.py), ``_Admin``

@@ -34,7 +34,8 @@ from click.core import ParameterSource
 
 from scrapy_proxy_shard._version import __version__
 from scrapy_proxy_shard.engine.exits import merge_exits
-from scrapy_proxy_shard.engine.proxies import PROXY_TYPES, Proxy, make_proxy, mask, parse_proxy, split_credentials
+from scrapy_proxy_shard.engine.gateway import expand_entry
+from scrapy_proxy_shard.engine.proxies import PROXY_TYPES, Proxy, mask, parse_proxy, split_credentials
 from scrapy_proxy_shard.engine.schema import check_name
 from scrapy_proxy_shard.engine.sites import SITE_KEY_RE, check_site
 from scrapy_proxy_shard.engine.store import PoolStore
@@ -357,12 +358,12 @@ def _ban_ttl(ctx: click.Context, param: click.Parameter, value: float | None) ->
 @_tag_options
 @click.pass_obj
 def add(obj: Ctx, urls: tuple[str, ...], type_: str | None, provider: str | None, country: str | None) -> None:
-    """Add the proxies URL... (any form a list file accepts)."""
+    """Add the proxies URL... (any form a list file accepts, gateway entries `<template>#sessions=N` too)."""
     tags = _tags(type_, provider, country)
     entries, errors = [], []
     for n, url in enumerate(urls, start=1):
         try:
-            entries.append((f"argument {n}", make_proxy(url, tags)))
+            entries.extend((f"argument {n}", proxy) for proxy in expand_entry(url, tags))
         except ProxyURLError as exc:
             errors.append(f"argument {n}: {exc}")
     for error in errors:
