@@ -26,16 +26,16 @@ LEASE_MEMO = "lease_memo"
 
 #: Keys of the pool, named ``<prefix>:<role>``.
 POOL_ROLES = frozenset({s.PROXIES, s.TAGS, s.ORDER, s.SITEIDX, s.BANS, s.BANIDX, s.PSTATS, s.HSTATS, s.SSTATS,
-                        s.COUNTERS, s.META, s.HOSTS, s.HOSTINFO, s.LOAD, s.GWROT, s.GWEXIT})
+                        s.COUNTERS, s.META, s.HOSTS, s.HOSTINFO, s.LOAD, s.GWROT, s.GWEXIT, s.GWBUSY})
 #: Keys of the call's site, named ``<prefix>:<role>:<site>``.
 SITE_ROLES = frozenset({s.SITE, s.READY, s.WAITING, s.FREED, s.BREAKER, s.BREAKER_SEEN, s.PACE, s.CONTENT})
 
 #: KEYS of every script with a fixed key list, in order.
 ROLES: dict[str, tuple[str, ...]] = {
     "lease": (MEMO, s.PROXIES, s.META, s.ORDER, s.BANS, s.PSTATS, s.HSTATS, s.SSTATS, s.COUNTERS, s.SITEIDX,
-              s.SITE, s.READY, s.WAITING, s.SESSION, s.BREAKER),
+              s.SITE, s.READY, s.WAITING, s.SESSION, s.BREAKER, s.GWBUSY),
     "release": (LEASE_MEMO, s.PROXIES, s.BANS, s.BANIDX, s.PSTATS, s.HSTATS, s.SSTATS, s.COUNTERS, s.SITEIDX, s.SITE,
-                s.READY, s.WAITING, s.FREED, s.SESSION, s.BREAKER, s.BREAKER_SEEN, s.PACE),
+                s.READY, s.WAITING, s.FREED, s.SESSION, s.BREAKER, s.BREAKER_SEEN, s.PACE, s.GWBUSY),
     "abandon": (MEMO, LEASE_MEMO, s.BANS, s.SITE, s.READY, s.WAITING, s.FREED, s.SESSION),
     "hold": (MEMO, s.PROXIES, s.META, s.ORDER, s.BANS, s.PSTATS, s.HSTATS, s.SITEIDX, s.SITE, s.READY),
     "lift": (s.BANS, s.SITE, s.READY),

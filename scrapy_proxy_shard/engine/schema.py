@@ -46,9 +46,10 @@ PACE = "pace"            # HASH per site: the learned interval of adaptive pacin
 CONTENT = "content"      # HASH per site: whether a content check ever passed there (content.lua)
 GWROT = "gwrot"          # HASH "<gateway id>|<site>" -> "rotations|window start ms" (gateway_rotate.lua)
 GWEXIT = "gwexit"        # HASH exit IP -> "<proxy id>|<token>|until_ms": the gateway slot seen on it
+GWBUSY = "gwbusy"        # HASH gateway slot id -> "lease token|expires_ms": its request in flight (lease.lua)
 KEY_SUFFIXES = (PROXIES, TAGS, ORDER, SITE, SITEIDX, READY, SESSION, BANS, BANIDX, PSTATS, HSTATS, SSTATS,
                 COUNTERS, WAITING, FREED, HOSTS, HOSTINFO, LOAD, DONE, META, BREAKER, BREAKER_SEEN,
-                PACE, CONTENT, GWROT, GWEXIT)
+                PACE, CONTENT, GWROT, GWEXIT, GWBUSY)
 #: Keys of the layout before sites learnt proxies lazily (read only by the in-place migration,
 #: ``PoolStore.migrate``: P:sites is the hash site -> slots per proxy, P:sitebuild is deleted).
 LEGACY_SITES = "sites"

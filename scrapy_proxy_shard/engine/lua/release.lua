@@ -1,5 +1,6 @@
 -- release.lua: end one use of a leased slot, record its outcome, and quarantine the proxy if banned.
--- KEYS: lease_memo proxies bans banidx pstats hstats sstats counters siteidx site ready waiting freed session breaker brkseen pace
+-- KEYS: lease_memo proxies bans banidx pstats hstats sstats counters siteidx site ready waiting freed session breaker brkseen pace gwbusy
+--        (gwbusy: a gateway slot's request in flight, see lease.lua: this release's record is removed)
 --        (roles in order, see engine/keyset.py: lease_memo = P:done:lease:<token>, the lease's memo,
 --        which this release's reply overwrites (see remember_release in _lib.lua); per-site keys of ARGV[1],
 --        session = P:session:<site>:<ARGV[8]>)
@@ -102,6 +103,9 @@ if ARGV[8] ~= '' or not held_with(live_record(record, now), token) then
   local earlier = v and release_memo_reply(v)
   if earlier then return earlier end
 end
+
+local gw = redis.call('HGET', K_GWBUSY, id_of(member))
+if gw and string.sub(gw, 1, #token + 1) == token .. '|' then redis.call('HDEL', K_GWBUSY, id_of(member)) end
 
 local latency = tonumber(ARGV[5])
 local interval = tonumber(ARGV[6])
