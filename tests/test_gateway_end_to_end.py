@@ -3,11 +3,11 @@ processes of ``example_project/``, one redis-server, the local anti-bot site and
 (``demo/gateway_proxy.py``: one port, the session token in the user name picks one of 16 loopback
 source addresses, at most 6 requests at once). Both pools of the spider are one gateway entry each
 (``#sessions=4`` for the catalog, ``#sessions=2`` for the sticky checkout flows): 6 sessions, the
-gateway's limit. The site has blacklisted the gateway's first address on shop-b.test.
+gateway's limit. Both sites have blacklisted the gateway's first address.
 
 Every verdict is computed from the site's own log: no two requests from one exit IP on one site at
 once, every page served, every flow on one IP from its first step to its last, and the blacklisted
-address replaced on shop-b.test by an address the site had not seen before the ban (a rotation).
+address replaced by one the site had not seen before the ban (a rotation).
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ def test_three_hosts_share_one_gateway_without_overlap_and_a_ban_rotates_the_exi
         children.append(_spawn([sys.executable, "-m", "scrapy_proxy_shard.demo.site", "--port", "0",
                                 "--log", str(tmp_path / "site.log"), "--ready-file", str(tmp_path / "site.ready"),
                                 "--sites", ",".join(SITES), "--pages-per-site", str(PAGES), "--latency", "0.25",
-                                "--min-interval", "0", "--ban-styles", "403", "--burnt", f"shop-b.test={BURNT}"],
+                                "--min-interval", "0", "--ban-styles", "403",
+                                "--burnt", ";".join(f"{site}={BURNT}" for site in SITES)],
                                tmp_path / "site.out"))
         site_port = int(_wait_file(tmp_path / "site.ready", children[-1]).strip())
         gateway = _spawn([sys.executable, "-m", "scrapy_proxy_shard.demo.gateway_proxy", "--site-port", str(site_port),
@@ -89,15 +90,15 @@ def test_three_hosts_share_one_gateway_without_overlap_and_a_ban_rotates_the_exi
     flows = {(e["site"], e["flow_id"]) for e in site_log if e.get("flow_done")}
     assert len(flows) == HOSTS * len(SITES), tail
     assert not [e for e in site_log if e.get("ip_changed")]
-    # the blacklisted exit was banned on shop-b, its slot rotated, and shop-b then saw a new address
-    bans = sorted(e["start"] for e in site_log if e["ip"] == BURNT and e["site"] == "shop-b.test" and e["banned"])
-    assert bans, "the blacklisted address never reached shop-b.test"
+    # the blacklisted exit was banned, its slot rotated, and the site then saw a new address
+    bans = sorted(e["start"] for e in site_log if e["ip"] == BURNT and e["banned"])
+    assert bans, "the blacklisted address was never used"
     first_seen: dict[str, float] = {}
     for e in sorted(site_log, key=lambda e: e["start"]):
         first_seen.setdefault(e["ip"], e["start"])
     later = {ip for ip, t in first_seen.items() if t > bans[0]}
-    assert later & {e["ip"] for e in site_log if e["site"] == "shop-b.test" and e["status"] == 200}, first_seen
-    assert len(bans) <= 2, bans  # rotated, not retried on the same IP until it gave up
+    assert later & {e["ip"] for e in site_log if e["status"] == 200}, first_seen
+    assert len(bans) == 1, bans  # rotated at its first ban: the old token never went out again
     total = {key: sum(s.get(key, 0) for s in stats) for key in (
         "proxy_shard/gateway/rotations", "proxy_shard/gateway/exit_reports", "proxy_shard/gateway/shared_exit",
         "proxy_shard/gateway/cooldown_bans")}
