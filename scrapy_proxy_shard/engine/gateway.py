@@ -141,7 +141,9 @@ def parse_gateway(entry: str | Mapping[str, Any], tags: Mapping[str, str] | None
             raise ProxyURLError(f"gateway {shown!r}: a {PLACEHOLDER} template needs its number of sessions: "
                                 f"write {SESSIONS_MARK}N at the end of the entry (e.g. {SESSIONS_MARK}50)")
     if not (count.isascii() and count.isdigit()) or not 1 <= int(count) <= MAX_SESSIONS:
-        raise ProxyURLError(f"gateway {shown!r}: the number of sessions ({count[:12]!r}) must be a whole number "
+        # the value is shown only when it is a number: text there may be a pasted secret
+        said = repr(count) if re.fullmatch(r"-?[0-9]{1,12}", count) else "not a number"
+        raise ProxyURLError(f"gateway {shown!r}: the number of sessions ({said}) must be a whole number "
                             f"from 1 to {MAX_SESSIONS} (e.g. {SESSIONS_MARK}50: the sessions your plan allows at once)")
     uses = template.count(PLACEHOLDER)
     if uses > 1:
@@ -210,6 +212,15 @@ def slot_of(url: str) -> Slot | None:
     if m is None:
         return None
     return Slot(m.group(1), int(m.group(2)), m.group(3))
+
+
+def masked_slot(proxy: Proxy) -> str:
+    """``proxy.masked``, without the token of a gateway slot: what an ``add`` that minted new tokens shows
+    (the pool keeps the token a slot already has, see ``expand_entry``)."""
+    slot = slot_of(proxy.url)
+    if slot is None or slot.token is None:
+        return proxy.masked
+    return proxy.masked.replace(slot.token, PLACEHOLDER)
 
 
 def slot_exit(address: str, session: str) -> str | None:

@@ -34,7 +34,7 @@ from click.core import ParameterSource
 
 from scrapy_proxy_shard._version import __version__
 from scrapy_proxy_shard.engine.exits import merge_exits
-from scrapy_proxy_shard.engine.gateway import expand_entry
+from scrapy_proxy_shard.engine.gateway import expand_entry, masked_slot
 from scrapy_proxy_shard.engine.proxies import PROXY_TYPES, Proxy, mask, parse_proxy, split_credentials
 from scrapy_proxy_shard.engine.schema import check_name
 from scrapy_proxy_shard.engine.sites import SITE_KEY_RE, check_site
@@ -377,7 +377,8 @@ def add(obj: Ctx, urls: tuple[str, ...], type_: str | None, provider: str | None
     result = obj.store.add_proxies(obj.target_pool, proxies)
     click.echo(f"pool {obj.target_pool!r}: {_add_summary(result)}")
     for p in proxies:
-        click.echo(f"  {p.id}  {p.masked}" + ("  (replaced: same exit, new URL)" if p.id in result.replaced else ""))
+        click.echo(f"  {p.id}  {masked_slot(p)}" + ("  (replaced: same exit, new URL)" if p.id in result.replaced
+                                                    else ""))
 
 
 def _add_summary(result: Any) -> str:
