@@ -142,7 +142,7 @@ def test_gateway_settings_are_read():
                                               "PROXY_SHARD_GATEWAY_ROTATION_WINDOW": 60,
                                               "PROXY_SHARD_GATEWAY_EXIT_HEADER": "X-Exit-IP"}))
     assert s.gateway == GatewayOptions(rotations=7, window=60.0, exit_header="X-Exit-IP")
-    assert s.gateway.budget(50) == 7 and GatewayOptions().budget(50) == 50
+    assert s.gateway.budget(50) == 7 and GatewayOptions().budget(50) == 5 and GatewayOptions().budget(2) == 2
 
 
 def test_static_entries_are_unchanged():
@@ -206,6 +206,27 @@ def test_the_rotation_budget_per_site_then_quarantine(make_store):
                                 window=60).status == "rotated"
     counters = store.client.hgetall("{t:gw}:counters")
     assert counters["gw_rot"] == "4" and counters["gw_cool"] == "1"
+
+
+def test_a_clean_answer_through_the_gateway_on_the_site_starts_the_count_again(make_store):
+    store = make_store()
+    store.add_proxies("gw", expand_entry(ENTRY))
+    statuses = []
+    for n in range(4):
+        lease = store.lease("gw", "fickle.example", ttl=30)
+        statuses.append(store.gateway_rotate("gw", lease.proxy_id, "fickle.example", lease.proxy_url,
+                                             rotations=2, window=60).status)
+        store.release(lease, outcome="unknown")
+        if n == 1:  # a fresh IP worked there
+            ok = store.lease("gw", "fickle.example", ttl=30)
+            store.release(ok, outcome="ok")
+    assert statuses == ["rotated", "rotated", "rotated", "rotated"]
+    # a clean answer on another site does not count for this one
+    lease = store.lease("gw", "fickle.example", ttl=30)
+    other = store.lease("gw", "calm.example", ttl=30)
+    store.release(other, outcome="ok")
+    assert store.gateway_rotate("gw", lease.proxy_id, "fickle.example", lease.proxy_url, rotations=2,
+                                window=60).status == "cooldown"
 
 
 def test_the_budget_comes_back_after_the_window(make_store):

@@ -223,6 +223,12 @@ def masked_slot(proxy: Proxy) -> str:
     return proxy.masked.replace(slot.token, PLACEHOLDER)
 
 
+def gateway_id(session: str) -> str:
+    """The gateway id of a slot's declared session (``Lease.exit_session``), "" for anything else."""
+    m = SLOT_RE.fullmatch(session) if session.startswith("gw.") else None
+    return m.group(1) if m else ""
+
+
 def slot_exit(address: str, session: str) -> str | None:
     """``proxies.exit_key`` of a gateway slot: the address with the token written ``{session}`` and the
     slot without it, or None when ``session`` is not a slot's."""
@@ -237,16 +243,23 @@ def slot_exit(address: str, session: str) -> str | None:
 
 # --- options ---------------------------------------------------------------------------------------------
 
+#: Fresh IPs in a row a site may ban (no clean answer between them) before a gateway stops rotating for it,
+#: unless the gateway has fewer sessions or PROXY_SHARD_GATEWAY_ROTATIONS says otherwise. A site that
+#: accepts fresh IPs answers one of five cleanly; one that blocks them all costs five, not the plan.
+DEFAULT_ROTATIONS = 5
+
+
 @dataclass(frozen=True)
 class GatewayOptions:
     """How bans and exits of gateway slots are handled (``PROXY_SHARD_GATEWAY_*``)."""
 
-    #: Rotations one gateway may make for one site within ``window`` before bans there quarantine
-    #: slots instead; None: the gateway's number of sessions (one fresh IP per session per window).
+    #: Rotations one gateway may make for one site within ``window`` with no clean answer through it
+    #: there (a clean answer starts the count again) before bans there quarantine slots instead; None:
+    #: ``min(sessions, DEFAULT_ROTATIONS)``.
     rotations: int | None = None
     window: float = 600.0
     #: A response header the gateway reports the exit IP in (None: the exit IP is unknown).
     exit_header: str | None = None
 
     def budget(self, sessions: int) -> int:
-        return self.rotations if self.rotations is not None else max(1, sessions)
+        return self.rotations if self.rotations is not None else max(1, min(sessions, DEFAULT_ROTATIONS))

@@ -80,10 +80,11 @@ SECTIONS: tuple[Section, ...] = (
           "comments skipped, every line validated at start; a bad line, a missing or unreadable file, or a "
           "file with no proxies stops the crawl with one line naming the path (lines shown masked). Read once "
           "at start. Setting it and `PROXY_SHARD_PROXIES` for one pool is an error: set one", default="unset"),
-        S("PROXY_SHARD_GATEWAY_ROTATIONS", "how many times one gateway may give its slots new session tokens "
-          "for one site within `PROXY_SHARD_GATEWAY_ROTATION_WINDOW`; past it, a ban there quarantines the slot "
-          "as for a static proxy, so a site that blocks every fresh IP does not burn the plan "
-          "([provider gateways](../recipes/gateways.md))", default="the gateway's number of sessions"),
+        S("PROXY_SHARD_GATEWAY_ROTATIONS", "how many fresh IPs in a row one gateway may try for one site (new "
+          "session tokens after bans, with no clean answer through the gateway there between them) within "
+          "`PROXY_SHARD_GATEWAY_ROTATION_WINDOW`; past it, a ban there quarantines the slot as for a static "
+          "proxy, so a site that blocks every fresh IP does not burn the plan "
+          "([provider gateways](../recipes/gateways.md))", default="5, or the gateway's sessions if fewer"),
         S("PROXY_SHARD_GATEWAY_ROTATION_WINDOW", "the window of that budget; also how long an exit IP reported "
           "for a slot is remembered", unit="s"),
         S("PROXY_SHARD_GATEWAY_EXIT_HEADER", "a response header in which the gateway reports the exit IP "

@@ -1,12 +1,15 @@
 -- gateway_rotate.lua: give a gateway slot a new session token (a new exit IP at the provider) after a
--- ban on a site, unless the gateway has rotated too often for that site lately (then: quarantine).
+-- ban on a site, unless the gateway's fresh IPs keep failing there (then: quarantine). The count per
+-- (gateway, site) is of rotations since the site's last clean answer through the gateway (release.lua
+-- forgets it on an "ok"), within the window: a site that blocks every fresh IP spends it, one that
+-- accepts fresh IPs does not.
 -- KEYS: proxies counters gwrot   (roles in order, see engine/keyset.py)
 -- ARGV[1]  proxy id (the slot's: it names the slot, not the token, see engine/gateway.py)
 -- ARGV[2]  site (or site group) the ban was on
 -- ARGV[3]  the URL the banned request went through (the stored URL without its #session= mark):
 --          compare-and-set, so a ban reported with an older token rotates nothing twice
 -- ARGV[4]  the new token (letters and digits, chosen by the caller)
--- ARGV[5]  rotations the gateway may make for the site within the window (>= 1)
+-- ARGV[5]  rotations the gateway may make for the site with no clean answer between, within the window (>= 1)
 -- ARGV[6]  the window, ms
 -- Replies:
 --   {"ROTATED", count}   the slot's URL now holds the new token; count: rotations for the site in the window
