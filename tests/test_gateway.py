@@ -10,6 +10,7 @@ import time
 
 import fakeredis
 import pytest
+from click.testing import CliRunner
 from scrapy.settings import Settings
 
 from scrapy_proxy_shard.crawl.gateways import GatewayRuntime
@@ -23,9 +24,10 @@ from scrapy_proxy_shard.engine.gateway import (
 )
 from scrapy_proxy_shard.engine.proxies import make_proxy, parse_proxy
 from scrapy_proxy_shard.engine.proxyfile import parse_proxy_list
-from scrapy_proxy_shard.engine.store import AsyncPoolStore
+from scrapy_proxy_shard.engine.store import AsyncPoolStore, PoolStore
 from scrapy_proxy_shard.exceptions import ProxyURLError, SettingError
 from scrapy_proxy_shard.modes.pools import initial_proxies
+from scrapy_proxy_shard.ops.cli import cli
 from scrapy_proxy_shard.settings import ShardSettings
 
 ENTRY = "http://user-session-{session}:S3cretPw@gw.example:7777#sessions=5"
@@ -379,3 +381,31 @@ def test_the_demo_gateway_maps_tokens_to_addresses_and_shares_only_when_out_of_a
     assert gw.exit_for("b") == "127.0.0.42" and gw.shared == 0
     assert gw.exit_for("c") in ("127.0.0.41", "127.0.0.42") and gw.shared == 1
     assert gw.exit_for(None) != gw.exit_for(None)  # no session: a new address per request
+
+
+# --- the command line -------------------------------------------------------------------------------------
+
+def test_the_cli_adds_loads_and_removes_a_gateway_without_showing_its_password(redis_server, real_redis, tmp_path):
+    env = {"PROXY_SHARD_REDIS_URL": redis_server.url, "PROXY_SHARD_NAMESPACE": "gwcli"}
+
+    def invoke(*args):
+        result = CliRunner().invoke(cli, ["--pool", "res", *args], env=env, catch_exceptions=False)
+        assert SECRET not in result.stdout + result.stderr
+        return result
+
+    store = PoolStore(real_redis, namespace="gwcli")
+    added = invoke("add", ENTRY)
+    assert added.exit_code == 0 and "5 added" in added.stdout and ".{session}" in added.stdout
+    key = "{gwcli:res}:proxies"
+    tokens = {p: slot_of(real_redis.hget(key, p)).token for p in real_redis.hkeys(key)}
+    listing = tmp_path / "list.txt"
+    listing.write_text(f"{ENTRY}\nhttp://u-{{session}}:{SECRET}@gw.example:7777#sessions=0\n")
+    bad = invoke("load", str(listing))
+    assert bad.exit_code != 0 and "list.txt:2: gateway" in bad.stderr and "1 to 10000" in bad.stderr
+    listing.write_text(f"{ENTRY}\n")
+    again = invoke("load", str(listing))
+    assert again.exit_code == 0 and "0 new, 5 already there" in again.stdout
+    assert {p: slot_of(real_redis.hget(key, p)).token for p in tokens} == tokens  # kept
+    removed = invoke("remove", ENTRY.replace(SECRET, "whatever"))
+    assert removed.exit_code == 0 and "5 proxies drained" in removed.stdout
+    assert store.pool_size("res") == 0

@@ -34,7 +34,7 @@ from click.core import ParameterSource
 
 from scrapy_proxy_shard._version import __version__
 from scrapy_proxy_shard.engine.exits import merge_exits
-from scrapy_proxy_shard.engine.gateway import expand_entry, masked_slot
+from scrapy_proxy_shard.engine.gateway import expand_entry, is_gateway_entry, masked_slot, parse_gateway
 from scrapy_proxy_shard.engine.proxies import PROXY_TYPES, Proxy, mask, parse_proxy, split_credentials
 from scrapy_proxy_shard.engine.schema import check_name
 from scrapy_proxy_shard.engine.sites import SITE_KEY_RE, check_site
@@ -397,9 +397,19 @@ def _replaced(n: int) -> str:
 def remove(obj: Ctx, proxies: tuple[str, ...]) -> None:
     """Drain PROXY... (id, or URL with or without credentials) out of the pool.
 
-    No new leases from now on; requests and sticky sessions that hold one finish normally.
+    A gateway entry (`<template>#sessions=N`) names its N slots. No new leases from now on; requests and
+    sticky sessions that hold one finish normally.
     """
-    found, missing = _resolve(obj, proxies)
+    refs: list[str] = []
+    for ref in proxies:
+        if not is_gateway_entry(ref):
+            refs.append(ref)
+            continue
+        try:
+            refs.extend(p.id for p in parse_gateway(ref).slots())  # a slot's id does not depend on its token
+        except ProxyURLError as exc:
+            raise InputError(str(exc)) from None
+    found, missing = _resolve(obj, tuple(refs))
     removed = obj.store.remove_proxies(obj.target_pool, list(dict.fromkeys(found.values())))
     click.echo(f"pool {obj.target_pool!r}: {removed} proxies drained (no new leases; running ones finish)")
     _fail_missing(obj, missing)
