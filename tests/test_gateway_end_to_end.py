@@ -110,3 +110,59 @@ def test_three_hosts_share_one_gateway_without_overlap_and_a_ban_rotates_the_exi
     # credentials never in a log line
     assert all(PASSWORD not in text for text in logs)
     assert any("gateway http://***:***@127.0.0.1:" in text and "4 sessions" in text for text in logs)
+
+
+def test_a_site_that_bans_every_fresh_ip_spends_the_rotation_budget_once_for_all_hosts(tmp_path, redis_server_env):
+    """shop-b.test has blacklisted all 16 gateway addresses: two hosts together rotate exactly the
+    budget (min(5, 4 sessions) = 4) for it, then quarantine; shop-a.test is crawled completely."""
+    children: list[subprocess.Popen] = []
+    server = RedisServer().start()
+    state = tmp_path / "gateway.json"
+    addresses = [f"127.0.0.{41 + i}" for i in range(16)]
+    try:
+        children.append(_spawn([sys.executable, "-m", "scrapy_proxy_shard.demo.site", "--port", "0",
+                                "--log", str(tmp_path / "site.log"), "--ready-file", str(tmp_path / "site.ready"),
+                                "--sites", ",".join(SITES), "--pages-per-site", "8", "--latency", "0.2",
+                                "--min-interval", "0", "--ban-styles", "403",
+                                "--burnt", "shop-b.test=" + "+".join(addresses)], tmp_path / "site.out"))
+        site_port = int(_wait_file(tmp_path / "site.ready", children[-1]).strip())
+        gateway = _spawn([sys.executable, "-m", "scrapy_proxy_shard.demo.gateway_proxy", "--site-port", str(site_port),
+                          "--first-ip", addresses[0], "--addresses", "16", "--max-concurrency", "4",
+                          "--password", PASSWORD, "--ready-file", str(tmp_path / "gateway.ready"),
+                          "--state-file", str(state)], tmp_path / "gateway.out")
+        children.append(gateway)
+        template = json.loads(_wait_file(tmp_path / "gateway.ready", gateway))["template"]
+        (tmp_path / "dc.txt").write_text(f"{template}#sessions=4\n")
+        crawls = []
+        for n in range(2):
+            env = {**os.environ, "PROXY_SHARD_REDIS_URL": server.url,
+                   "STATS_DUMP_FILE": str(tmp_path / f"stats{n}.json")}
+            crawls.append(subprocess.Popen(
+                [sys.executable, "-m", "scrapy", "crawl", "shop", "-a", f"shard={n}", "-a", "shards=2",
+                 "-a", f"sites={','.join(SITES)}", "-a", "pages=8", "-a", "flows=0",
+                 "-s", f"PROXY_SHARD_PROXIES_PATH={tmp_path / 'dc.txt'}", "-s", "PROXY_SHARD_MIN_INTERVAL=0",
+                 "-s", "PROXY_SHARD_MAX_WAIT=5", "-s", "PROXY_SHARD_PAUSE_HORIZON=5", "-s", "RETRY_TIMES=1",
+                 "-s", f"PROXY_SHARD_HOST_ID=host-{n}", "--logfile", str(tmp_path / f"crawl{n}.log")],
+                cwd=PROJECT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        for proc in crawls:
+            proc.wait(timeout=180)
+    finally:
+        for child in reversed(children):
+            _stop(child)
+        server.stop()
+    logs = [(tmp_path / f"crawl{n}.log").read_text() for n in range(2)]
+    stats = [json.loads((tmp_path / f"stats{n}.json").read_text()) for n in range(2)]
+    site_log = read_log(tmp_path / "site.log")
+    tail = "\n---\n".join(text[-2500:] for text in logs)
+    rotated = sum(s.get("proxy_shard/gateway/rotate/rotated", 0) for s in stats)
+    cooled = sum(s.get("proxy_shard/gateway/cooldown_bans", 0) for s in stats)
+    assert rotated == 4 and cooled >= 1, (rotated, cooled, tail)
+    assert sum("banned 4 fresh gateway IPs" in text for text in logs) >= 1, tail
+    # shop-b met the 4 first addresses and the 4 rotated ones, no more: the plan was not burnt
+    assert len({e["ip"] for e in site_log if e["site"] == "shop-b.test"}) <= 8
+    pages_a = {e["path"] for e in site_log if e["site"] == "shop-a.test" and e["kind"] == "page" and e["status"] == 200}
+    assert len(pages_a) == 8, tail
+    overlaps, examples = find_overlaps(site_log)
+    assert overlaps == 0, [str(x) for x in examples]
+    assert json.loads(state.read_text())["refused"] == 0
+    assert all(PASSWORD not in text for text in logs)
