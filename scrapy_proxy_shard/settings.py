@@ -146,7 +146,7 @@ DEFAULTS: dict[str, Any] = {
     "PROXY_SHARD_CONTENT_SUSPECT_PROXIES": 3,  # distinct proxies failing a never-passed content check
     "PROXY_SHARD_PROXY_AWARE_HANDLERS": (),  # download handlers you vouch send requests through meta['proxy']
     "PROXY_SHARD_ALLOW_DIRECT": False,  # meta['proxy_shard'] = False may send a request from this host's IP
-    "PROXY_SHARD_GATEWAY_ROTATIONS": None,  # per gateway and site per window; None: its number of sessions
+    "PROXY_SHARD_GATEWAY_ROTATIONS": None,  # fresh IPs in a row per gateway and site; None: min(5, sessions)
     "PROXY_SHARD_GATEWAY_ROTATION_WINDOW": 600.0,
     "PROXY_SHARD_GATEWAY_EXIT_HEADER": None,  # a response header a gateway reports its exit IP in
 }
@@ -1145,7 +1145,7 @@ def _read_proxy_list(label: str, given: str) -> tuple[Proxy, ...]:
 def _gateway_options(get) -> GatewayOptions:
     """``PROXY_SHARD_GATEWAY_*``: how gateway slots rotate after bans, and where their exit IP is read."""
     rotations = get("PROXY_SHARD_GATEWAY_ROTATIONS")
-    header = get("PROXY_SHARD_GATEWAY_EXIT_HEADER")
+    header = get("PROXY_SHARD_GATEWAY_EXIT_HEADER") or None  # "" (-s NAME=): unset
     if header is not None and (not isinstance(header, str) or not re.fullmatch(r"[A-Za-z0-9-]{1,64}", header)):
         raise SettingError(f"PROXY_SHARD_GATEWAY_EXIT_HEADER ({header!r}) must be a response header name such as "
                            "'X-Exit-IP', or None")

@@ -72,9 +72,11 @@ local function gw_busy(id, url, now)
   if u and u > now then return u - now end
   return 0
 end
-local function gw_take(id, url, token, until_ms)
+local function gw_take(id, url, token, until_ms, ttl_ms)
   if string.find(url, '#session=gw.', 1, true) then
     redis.call('HSET', K_GWBUSY, id, token .. '|' .. istr(until_ms))
+    -- the hash outlives its longest lease, no more: a record a dead holder left goes with it
+    if redis.call('PTTL', K_GWBUSY) < ttl_ms then redis.call('PEXPIRE', K_GWBUSY, ttl_ms) end
   end
 end
 local site = ARGV[1]
@@ -134,7 +136,7 @@ if sid ~= '' then
       local own_url = redis.call('HGET', K_PROXIES, id)
       local elsewhere = gw_busy(id, own_url, now)
       if elsewhere > 0 then return {'WAIT', math.min(elsewhere, GW_RECHECK_MS), 'session'} end
-      gw_take(id, own_url, token, now + ttl)
+      gw_take(id, own_url, token, now + ttl, ttl)
       redis.call('HSET', S, 't', token, 'busy', now + ttl)
       redis.call('HINCRBY', S, 'n', 1)
       redis.call('PEXPIRE', S, session_ttl)
@@ -239,7 +241,7 @@ if S then
 end
 redis.call('ZADD', ready, hold, member)
 redis.call('HSET', K_SITE, member, held_record(token, host, now, now + lease_ttl, sid))
-gw_take(id, url, token, now + ttl)
+gw_take(id, url, token, now + ttl, ttl)
 local c = site_c
 if c > 1 then
   -- Arrivals per IP: the proxy's other slots wait the site's spacing after this start (see ip_field).
