@@ -381,6 +381,9 @@ def test_the_demo_gateway_maps_tokens_to_addresses_and_shares_only_when_out_of_a
     assert gw.exit_for("b") == "127.0.0.42" and gw.shared == 0
     assert gw.exit_for("c") in ("127.0.0.41", "127.0.0.42") and gw.shared == 1
     assert gw.exit_for(None) != gw.exit_for(None)  # no session: a new address per request
+    told = GatewayProxy(["127.0.0.41", "127.0.0.42", "127.0.0.43"], {}, collide=1)
+    assert told.exit_for("a") == told.exit_for("b") == "127.0.0.41" and told.shared == 1
+    assert told.exit_for("c") == "127.0.0.42"
 
 
 # --- the command line -------------------------------------------------------------------------------------

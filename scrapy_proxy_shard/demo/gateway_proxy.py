@@ -4,8 +4,9 @@ What residential plans sell, in miniature: ``user-session-<token>:<password>@127
 first request of a token binds it to one of several loopback source addresses (127.0.0.x: the site
 sees a distinct client IP per session); the same token keeps its address, a new token gets the
 address least recently given out among those no token holds yet (a provider's big pool); only when
-every address is held does a new token share one (``shared`` counts that: what the plugin's exit-IP
-check must find). A user name without ``-session-<token>`` gets a new address per request (a
+every address is held, or when told to (``collide``: a provider that gave two sessions one IP), does a
+new token share one (``shared`` counts that: what the plugin's exit-IP check must find). A user
+name without ``-session-<token>`` gets a new address per request (a
 rotating gateway). Every proxied response carries its exit address in ``X-Gateway-Exit-IP`` (as some
 providers report it), and an optional limit on concurrent requests (the plan's sessions) answers
 the extra ones 429 with ``X-Gateway-Refused: concurrency`` (``refused`` counts them).
@@ -38,7 +39,7 @@ class GatewayProxy(ForwardProxy):
     with one password; at most ``max_concurrency`` (None: no limit) requests at once."""
 
     def __init__(self, addresses: Sequence[str], hosts: HostMap, *, user: str = "user", password: str = "gwpass",
-                 max_concurrency: int | None = None, **kwargs: Any) -> None:
+                 max_concurrency: int | None = None, collide: int = 0, **kwargs: Any) -> None:
         if not addresses:
             raise ValueError("a gateway needs at least one source address")
         super().__init__(addresses[0], hosts, **kwargs)
@@ -46,6 +47,9 @@ class GatewayProxy(ForwardProxy):
         self.user = user
         self.password = password
         self.max_concurrency = max_concurrency
+        #: The first ``collide`` tokens after the first one get the first token's address (a provider that
+        #: gave two sessions one IP: what the plugin's exit-IP check must find), whatever is free.
+        self.collide = collide
         #: token -> the address it exits from (every token ever seen).
         self.sessions: dict[str, str] = {}
         #: address -> when it was last given out (the least recent goes to the next new token).
@@ -93,6 +97,8 @@ class GatewayProxy(ForwardProxy):
         held = set(self.sessions.values())
         free = [a for a in self.addresses if a not in held]
         address = min(free or self.addresses, key=lambda a: self._given[a])
+        if token is not None and self.sessions and len(self.sessions) <= self.collide:
+            address, free = next(iter(self.sessions.values())), []
         if token is not None:
             if not free:
                 self.shared += 1
@@ -133,6 +139,8 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--addresses", type=int, default=8, help="how many source addresses the gateway has")
     p.add_argument("--max-concurrency", type=int, default=0, help="requests at once (the plan's sessions); 0: no limit")
     p.add_argument("--password", default="gwpass")
+    p.add_argument("--collide", type=int, default=0,
+                   help="the first N new tokens after the first share its address (a provider's collision)")
     p.add_argument("--ready-file", required=True, help="written when listening: JSON with the entry template")
     p.add_argument("--state-file", help="written at exit: JSON with the sessions seen, shared, refused, peak")
     return p
@@ -143,7 +151,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     net, _, last = args.first_ip.rpartition(".")
     addresses = [f"{net}.{int(last) + i}" for i in range(args.addresses)]
     gateway = GatewayProxy(addresses, site_hosts(args.site_port, args.host_pattern, args.site_host),
-                           password=args.password, max_concurrency=args.max_concurrency or None)
+                           password=args.password, max_concurrency=args.max_concurrency or None,
+                           collide=args.collide)
 
     def ready() -> None:
         write_file_atomically(args.ready_file, json.dumps({"template": gateway.template, "addresses": addresses}))
