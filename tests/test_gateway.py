@@ -412,3 +412,45 @@ def test_the_cli_adds_loads_and_removes_a_gateway_without_showing_its_password(r
     removed = invoke("remove", ENTRY.replace(SECRET, "whatever"))
     assert removed.exit_code == 0 and "5 proxies drained" in removed.stdout
     assert store.pool_size("res") == 0
+
+
+# --- the local fallback -------------------------------------------------------------------------------------
+
+def test_while_redis_is_away_a_ban_rotates_the_slot_in_the_local_slice(redis_server_env):
+    import redis
+
+    from scrapy_proxy_shard.demo.redis_server import RedisServer
+    from scrapy_proxy_shard.engine.records import Lease
+    from scrapy_proxy_shard.modes.fallback import FallbackPoolStore
+
+    server = RedisServer().start()
+    try:
+        PoolStore(redis.Redis.from_url(server.url, decode_responses=True)).add_proxies("default", expand_entry(ENTRY))
+
+        async def scenario():
+            settings = ShardSettings.from_settings({
+                "PROXY_SHARD_REDIS_URL": server.url, "PROXY_SHARD_HOST_ID": "host-a", "PROXY_SHARD_HOSTS": ["host-a"],
+                "PROXY_SHARD_FALLBACK_GRACE": 30, "PROXY_SHARD_FALLBACK_WARMUP": 0,
+            })
+            client = redis.asyncio.Redis.from_url(server.url, decode_responses=True, socket_connect_timeout=1)
+            store = FallbackPoolStore(AsyncPoolStore(client, host_id="host-a", url_for_errors=server.url), settings)
+            await store.release(await store.lease("default", "a.example", ttl=30))  # snapshot taken
+            server.kill()
+            local = await store.lease("default", "a.example", ttl=30)
+            assert isinstance(local, Lease) and store.state == "fallback"
+            gw, _, _ = _runtime(GatewayOptions(rotations=1))
+            gw._store = lambda: store
+            assert await gw.on_ban(local, "http_403") == "unknown"  # rotated in the local slice
+            await store.release(local, outcome="unknown")
+            seen = set()
+            for _ in range(5):
+                again = await store.lease("default", "b.example", ttl=30)
+                seen.add((again.proxy_id, again.proxy_url))
+                await store.release(again)
+            rotated = {url for pid, url in seen if pid == local.proxy_id}
+            assert rotated and local.proxy_url not in rotated
+            await store.aclose()
+
+        asyncio.run(scenario())
+    finally:
+        server.stop()

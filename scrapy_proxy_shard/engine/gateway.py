@@ -30,7 +30,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from scrapy_proxy_shard.engine.proxies import SESSION_MARK, Proxy, make_proxy, mask
+from scrapy_proxy_shard.engine.proxies import SESSION_MARK, SLOT_RE, Proxy, make_proxy, mask
 from scrapy_proxy_shard.exceptions import ProxyURLError
 
 #: The placeholder a template holds at most once.
@@ -42,8 +42,6 @@ MAX_SESSIONS = 10_000
 #: Characters of a session token: lower-case letters and digits fit a user name, a password and a DNS label.
 TOKEN_ALPHABET = string.ascii_lowercase + string.digits
 TOKEN_LENGTH = 12
-#: A gateway slot's declared session: ``gw.<gid>.<k>[.<token>]`` (no token: a gateway without placeholder).
-SLOT_RE = re.compile(r"gw\.([0-9a-f]{8})\.([0-9]{1,5})(?:\.([a-z0-9]{4,32}))?")
 _PLACEHOLDER_ANY = re.compile(r"\{[^{}]*\}")
 
 
@@ -227,18 +225,6 @@ def gateway_id(session: str) -> str:
     """The gateway id of a slot's declared session (``Lease.exit_session``), "" for anything else."""
     m = SLOT_RE.fullmatch(session) if session.startswith("gw.") else None
     return m.group(1) if m else ""
-
-
-def slot_exit(address: str, session: str) -> str | None:
-    """``proxies.exit_key`` of a gateway slot: the address with the token written ``{session}`` and the
-    slot without it, or None when ``session`` is not a slot's."""
-    m = SLOT_RE.fullmatch(session)
-    if m is None:
-        return None
-    token = m.group(3)
-    if token:
-        address = address.replace(token, PLACEHOLDER)
-    return f"{address}#gw.{m.group(1)}.{m.group(2)}"
 
 
 # --- options ---------------------------------------------------------------------------------------------

@@ -29,6 +29,8 @@ _URL_LIKE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 #: The declared session of a gateway entry: ``#session=<token>`` at the end of the entry.
 SESSION_MARK = "#session="
 _SESSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._~-]{0,63}")
+#: A gateway slot's declared session: ``gw.<gid>.<k>[.<token>]`` (no token: a gateway without placeholder).
+SLOT_RE = re.compile(r"gw\.([0-9a-f]{8})\.([0-9]{1,5})(?:\.([a-z0-9]{4,32}))?")
 
 
 @dataclass(frozen=True)
@@ -71,12 +73,22 @@ def exit_key(canonical_url: str) -> str:
     address = address[address.find("://") + 3:]  # canonical: the scheme is always there
     address = address[address.rfind("@") + 1:]
     if session.startswith("gw."):  # a gateway slot: its exit outlives its token (engine/gateway.py)
-        from scrapy_proxy_shard.engine.gateway import slot_exit
-
         slot = slot_exit(address, session)
         if slot is not None:
             return slot
     return f"{address}#{session}" if session else address
+
+
+def slot_exit(address: str, session: str) -> str | None:
+    """The exit of a gateway slot (engine/gateway.py): the address with the token written ``{session}``
+    and the slot without it, or None when ``session`` is not a slot's ``gw.<gid>.<k>[.<token>]``."""
+    m = SLOT_RE.fullmatch(session)
+    if m is None:
+        return None
+    token = m.group(3)
+    if token:
+        address = address.replace(token, "{session}")
+    return f"{address}#gw.{m.group(1)}.{m.group(2)}"
 
 
 def send_url(canonical_url: str) -> str:
