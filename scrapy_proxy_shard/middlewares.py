@@ -206,6 +206,9 @@ class ProxyShardMiddleware:
     async def process_response(self, request: Request, response: Response,
                                spider: Spider | None = None) -> Response:
         if self.runtime is not None:
+            lease = self.runtime.lease_of(request)
+            if lease is not None:
+                await self.runtime.gateways.saw_response(lease, response.headers)
             await self.runtime.finish(request, "ok" if response.status < 400 else "unknown")
         return response
 
@@ -243,6 +246,7 @@ class BanDetectionMiddleware:
                                spider: Spider | None = None) -> Request | Response:
         if self.runtime is None or self.runtime.lease_of(request) is None:
             return response
+        await self.runtime.gateways.saw_response(self.runtime.lease_of(request), response.headers)
         spider = spider or self.crawler.spider
         verdict = self._response_verdict(request, response, spider)
         if verdict.kind == "ban" and verdict.reason in CONTENT_REASONS:

@@ -30,6 +30,7 @@ from scrapy.settings import BaseSettings
 
 from scrapy_proxy_shard.engine.bans import BanOptions
 from scrapy_proxy_shard.engine.breaker import BreakerOptions
+from scrapy_proxy_shard.engine.gateway import GatewayOptions, as_entry, is_gateway_entry, parse_gateway
 from scrapy_proxy_shard.engine.pacing import AutothrottleOptions
 from scrapy_proxy_shard.engine.proxies import Proxy, mask, parse_proxy
 from scrapy_proxy_shard.engine.proxyfile import read_proxy_file
@@ -153,6 +154,9 @@ DEFAULTS: dict[str, Any] = {
     "PROXY_SHARD_TIER_WINDOW": 300.0,  # the evidence counts half after this long
     "PROXY_SHARD_TIER_PROBE_INTERVAL": 60.0,  # first probe of the lower tier; doubles when a probe is banned
     "PROXY_SHARD_TIER_MAX_PROBE_INTERVAL": 3600.0,
+    "PROXY_SHARD_GATEWAY_ROTATIONS": None,  # fresh IPs in a row per gateway and site; None: min(5, sessions)
+    "PROXY_SHARD_GATEWAY_ROTATION_WINDOW": 600.0,
+    "PROXY_SHARD_GATEWAY_EXIT_HEADER": None,  # a response header a gateway reports its exit IP in
 }
 
 #: Unknown ``PROXY_SHARD_*`` names (``check_setting_names``). The rule: a name whose closest known
@@ -390,6 +394,8 @@ class ShardSettings:
     #: PROXY_SHARD_TIERS: pools cheap -> expensive (None: no tiers), and when a site moves between them.
     tiers: tuple[str, ...] | None
     tier_options: TierOptions
+    #: Gateway entries (``<template>#sessions=N``, engine/gateway.py): rotation budget and exit header.
+    gateway: GatewayOptions = field(default_factory=GatewayOptions)
 
     ATTRIBUTE = "_proxy_shard_settings"
 
@@ -518,6 +524,7 @@ class ShardSettings:
             allow_direct=_boolean(s, "PROXY_SHARD_ALLOW_DIRECT"),
             tiers=check_tiers(get("PROXY_SHARD_TIERS"), "PROXY_SHARD_TIERS"),
             tier_options=_tier_options(get),
+            gateway=_gateway_options(get),
         )
 
     def breaker_for(self, site: str) -> BreakerOptions | None:
@@ -1065,7 +1072,7 @@ def _initial_proxies(get, default_pool: str) -> dict[str, tuple[str, ...]]:
             raise SettingError(f"PROXY_SHARD_PROXIES[{pool!r}] must be a list of proxy URLs")
         for n, entry in enumerate(entries, start=1):
             _check_proxy_entry(pool, n, entry)
-        out[pool] = tuple(entries)
+        out[pool] = tuple(as_entry(entry) for entry in entries)
     return out
 
 
@@ -1148,9 +1155,24 @@ def _read_proxy_list(label: str, given: str) -> tuple[Proxy, ...]:
     return tuple(parsed.proxies)
 
 
+def _gateway_options(get) -> GatewayOptions:
+    """``PROXY_SHARD_GATEWAY_*``: how gateway slots rotate after bans, and where their exit IP is read."""
+    rotations = get("PROXY_SHARD_GATEWAY_ROTATIONS")
+    header = get("PROXY_SHARD_GATEWAY_EXIT_HEADER") or None  # "" (-s NAME=): unset
+    if header is not None and (not isinstance(header, str) or not re.fullmatch(r"[A-Za-z0-9-]{1,64}", header)):
+        raise SettingError(f"PROXY_SHARD_GATEWAY_EXIT_HEADER ({header!r}) must be a response header name such as "
+                           "'X-Exit-IP', or None")
+    return GatewayOptions(
+        rotations=None if rotations is None else _integer(get, "PROXY_SHARD_GATEWAY_ROTATIONS", minimum=1,
+                                                          maximum=1_000_000),
+        window=_number(get, "PROXY_SHARD_GATEWAY_ROTATION_WINDOW", minimum=1.0, maximum=MAX_BAN_TTL),
+        exit_header=header or None,
+    )
+
+
 def _check_proxy_entry(pool: str, n: int, entry: Any) -> None:
     try:
-        parse_proxy(entry)
+        parse_gateway(entry) if is_gateway_entry(entry) else parse_proxy(entry)
     except ValueError as exc:
         hint = (" (a PROXY_SHARD_PROXIES string is split on spaces and newlines only, never on commas: "
                 "a password may contain one)") if isinstance(entry, str) and "," in entry else ""

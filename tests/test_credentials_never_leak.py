@@ -298,6 +298,13 @@ BAD_SETTINGS = [
     {"PROXY_SHARD_PROXIES": [f"10.0.0.1:8O:u:{SECRET}"]},
     {"PROXY_SHARD_PROXIES": [f"socks5://u:{SECRET}@10.0.0.1:80"]},
     {"PROXY_SHARD_PROXIES": {"dc": [f"http://u:{SECRET}@010.0.0.1:80"]}},
+    # gateway entries (engine/gateway.py): a password beside the placeholder, or in place of the count
+    {"PROXY_SHARD_PROXIES": [f"http://u-{{session}}:{SECRET}@gw:1#sessions=0"]},
+    {"PROXY_SHARD_PROXIES": [f"http://u-{{session}}:{SECRET}-{{session}}@gw:1#sessions=2"]},
+    {"PROXY_SHARD_PROXIES": [f"http://u-{{session}}:pw@gw:1#sessions={SECRET}"]},
+    {"PROXY_SHARD_PROXIES": [f"http://u-{{session}}:{SECRET}@gw#sessions=2"]},
+    {"PROXY_SHARD_PROXIES": [{"url": f"http://u-{{session}}:{SECRET}@gw:1", "sessions": "many"}]},
+    {"PROXY_SHARD_PROXIES": [{"url": f"http://u-{{session}}:{SECRET}@gw:1", "session": 2}]},
 ]
 
 

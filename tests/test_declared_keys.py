@@ -20,6 +20,7 @@ import redis
 
 from scrapy_proxy_shard.engine import schema
 from scrapy_proxy_shard.engine.breaker import BreakerOptions
+from scrapy_proxy_shard.engine.gateway import expand_entry
 from scrapy_proxy_shard.engine.scripts import OPERATIONS, function_library, script_source
 from scrapy_proxy_shard.engine.store import Lease, LeaseWait, PoolStore
 
@@ -190,6 +191,23 @@ def _cycle(url: str) -> None:
     tiers = (POOL, "dear")
     store.tier_step(tiers, "a.example", counts=[8, 0, 8, 0, 0, 0])
     store.tier_step(tiers, "a.example", probe_answer="ok", probe_tier=0, claim=True)
+    # gateway slots (engine/gateway.py): one request at a time across sites, a rotation, its budget, a
+    # clean answer that forgets it, a sticky use, exit IPs (one shared)
+    slots = expand_entry("http://u-{session}:pw@gw.example:7777#sessions=2")
+    store.add_proxies("gw", slots)
+    store.add_proxies("gw", expand_entry("http://u-{session}:pw@gw.example:7777#sessions=2"))  # tokens kept
+    one, two = store.lease("gw", "a.example", ttl=5), store.lease("gw", "b.example", ttl=5)
+    assert isinstance(store.lease("gw", "c.example", ttl=5), LeaseWait)  # both slots busy elsewhere
+    assert store.gateway_exit("gw", one.proxy_id, one.proxy_url, "192.0.2.1", ttl=60).status == "ok"
+    assert store.gateway_exit("gw", two.proxy_id, two.proxy_url, "192.0.2.1", ttl=60).status == "shared"
+    assert store.gateway_rotate("gw", one.proxy_id, "a.example", one.proxy_url, rotations=1,
+                                window=60).status == "rotated"
+    store.release(one, outcome="unknown")
+    store.release(two, outcome="ok")
+    again = store.lease("gw", "a.example", ttl=5, session_id="g1", session_ttl=60)
+    assert store.gateway_rotate("gw", again.proxy_id, "a.example", again.proxy_url, rotations=1,
+                                window=60).status == "cooldown"
+    store.release(again, outcome="ok", session_ttl=60)
     # a pool of the previous layout is migrated by the first lease
     _old_layout(client, store.prefix(POOL), "a.example")
     assert isinstance(store.lease(POOL, "a.example", ttl=5), Lease)

@@ -23,6 +23,7 @@ from scrapy_proxy_shard import signals as shard_signals
 from scrapy_proxy_shard.crawl.arrival import ArrivalGuard
 from scrapy_proxy_shard.crawl.browser import OWN_CONTEXT, PROXY_AUTHORIZATION
 from scrapy_proxy_shard.crawl.content import ContentChecks
+from scrapy_proxy_shard.crawl.gateways import GatewayRuntime
 from scrapy_proxy_shard.crawl.health import HostMonitor
 from scrapy_proxy_shard.crawl.liveness import Liveness, close_spider_soon
 from scrapy_proxy_shard.crawl.logstats import INTERVAL_STAT, MARGIN_STAT
@@ -176,6 +177,8 @@ class ShardRuntime:
         self._page_releases: set[asyncio.Future] = set()  # releases of held pages' leases, under way
         #: Tiered pools (PROXY_SHARD_TIERS, a spider's proxy_tiers): each site's tier (crawl/tiers.py).
         self.tiers = TierRouter(self)
+        #: Gateway slots: a ban rotates the session token; reported exit IPs are recorded (gateways.py).
+        self.gateways = GatewayRuntime(settings.gateway, self.stats, lambda: self.store)
 
     @classmethod
     def for_crawler(cls, crawler: Any) -> ShardRuntime:
@@ -211,6 +214,7 @@ class ShardRuntime:
             await self._connect()
             await self._check_eviction()
             for pool, entries in initial_proxies(self.settings).items():
+                self.gateways.learn(pool, entries)
                 result = await self.store.add_proxies(pool, entries)
                 logger.info("proxy_shard: pool %(pool)r: %(added)d proxies added, %(updated)d already there",
                             {"pool": pool, "added": result.added, "updated": result.updated})
@@ -976,7 +980,9 @@ class ShardRuntime:
                     cap = max(cap, lease.expires_at - lease.issued_at)
                     self.stats.inc_value(f"{STATS}/pacing/browser_from_answer")
             how["arrival_guard"] = (cap, floor)
-            result = await self.store.release(lease, outcome=outcome, latency=latency, reason=reason,
+            # A banned gateway slot gets a new session token (a new exit IP) rather than a quarantine.
+            recorded = await self.gateways.on_ban(lease, reason) if outcome == "ban" else outcome
+            result = await self.store.release(lease, outcome=recorded, latency=latency, reason=reason,
                                               session_ttl=self.settings.session_ttl, **how)
         except PoolBackendError as exc:
             self.stats.inc_value(f"{STATS}/release/errors")
@@ -995,7 +1001,8 @@ class ShardRuntime:
         self._note_pace(lease, result, reason)
         self.crawler.signals.send_catch_log(shard_signals.lease_released, request=request, lease=lease,
                                             outcome=outcome, reason=reason, result=result)
-        spared = result.ban_until is None and result.breaker is not None  # judged a ban, no quarantine
+        # Judged a ban, no quarantine: the site's breaker spared it, or its gateway slot was rotated.
+        spared = (result.ban_until is None and result.breaker is not None) or recorded != outcome
         if self.browser is not None and outcome in ("ban", "dead") and not spared:
             self.browser.proxy_banned(lease.proxy_id, None if outcome == "dead" else lease.site)
         if outcome in ("ban", "dead"):

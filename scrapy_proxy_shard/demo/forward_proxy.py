@@ -315,7 +315,7 @@ class ForwardProxy:
                     delay += random.uniform(0.0, self.jitter)
                 if delay > 0:
                     await asyncio.sleep(delay)
-                status, response = await self._forward(method, target, head, body, keep_alive)
+                status, response = await self._proxied(method, target, head, body, keep_alive)
             first = False
             logger.debug("proxy %s: %s %s -> %d", self.source_ip, method, target, status)
             writer.write(response)
@@ -339,10 +339,18 @@ class ForwardProxy:
     def _error(status: int, message: str, *, keep_alive: bool) -> bytes:
         return render_response(status, [("Content-Type", "text/plain")], message.encode(), keep_alive=keep_alive)
 
-    async def _forward(
+    async def _proxied(
         self, method: str, target: str, head: HttpHead, body: bytes, keep_alive: bool
     ) -> tuple[int, bytes]:
-        """Send the request upstream from ``source_ip``; (status, serialised response)."""
+        """An authorized request's answer (a subclass picks the egress per request: gateway_proxy.py)."""
+        return await self._forward(method, target, head, body, keep_alive)
+
+    async def _forward(
+        self, method: str, target: str, head: HttpHead, body: bytes, keep_alive: bool,
+        *, source_ip: str | None = None, extra_headers: Sequence[tuple[str, str]] = (),
+    ) -> tuple[int, bytes]:
+        """Send the request upstream from ``source_ip`` (default: this proxy's); (status, serialised
+        response), with ``extra_headers`` added to the response."""
         parts = urlsplit(target)
         if parts.scheme.lower() != "http" or not parts.hostname:
             msg = "the demo proxy expects absolute-form http:// request targets"
@@ -364,7 +372,7 @@ class ForwardProxy:
 
         try:
             up_reader, up_writer = await asyncio.wait_for(
-                asyncio.open_connection(addr[0], addr[1], local_addr=(self.source_ip, 0)),
+                asyncio.open_connection(addr[0], addr[1], local_addr=(source_ip or self.source_ip, 0)),
                 self.upstream_timeout,
             )
         except (OSError, asyncio.TimeoutError) as exc:
@@ -385,7 +393,7 @@ class ForwardProxy:
                 await up_writer.wait_closed()
 
         relay = HOP_BY_HOP | resp_head.tokens("connection") | {"content-length"}
-        headers = [(k, v) for k, v in resp_head.headers if k.lower() not in relay]
+        headers = [(k, v) for k, v in resp_head.headers if k.lower() not in relay] + list(extra_headers)
         response = render_response(
             status,
             headers,

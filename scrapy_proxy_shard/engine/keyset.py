@@ -26,7 +26,7 @@ LEASE_MEMO = "lease_memo"
 
 #: Keys of the pool, named ``<prefix>:<role>``.
 POOL_ROLES = frozenset({s.PROXIES, s.TAGS, s.ORDER, s.SITEIDX, s.BANS, s.BANIDX, s.PSTATS, s.HSTATS, s.SSTATS,
-                        s.COUNTERS, s.META, s.HOSTS, s.HOSTINFO, s.LOAD})
+                        s.COUNTERS, s.META, s.HOSTS, s.HOSTINFO, s.LOAD, s.GWROT, s.GWEXIT, s.GWBUSY})
 #: Keys of the call's site, named ``<prefix>:<role>:<site>``.
 SITE_ROLES = frozenset({s.SITE, s.READY, s.WAITING, s.FREED, s.BREAKER, s.BREAKER_SEEN, s.PACE, s.CONTENT,
                         s.SITESTATS})
@@ -34,9 +34,10 @@ SITE_ROLES = frozenset({s.SITE, s.READY, s.WAITING, s.FREED, s.BREAKER, s.BREAKE
 #: KEYS of every script with a fixed key list, in order.
 ROLES: dict[str, tuple[str, ...]] = {
     "lease": (MEMO, s.PROXIES, s.META, s.ORDER, s.BANS, s.PSTATS, s.HSTATS, s.SITESTATS, s.COUNTERS, s.SITEIDX,
-              s.SITE, s.READY, s.WAITING, s.SESSION, s.BREAKER),
+              s.SITE, s.READY, s.WAITING, s.SESSION, s.BREAKER, s.GWBUSY),
     "release": (LEASE_MEMO, s.PROXIES, s.BANS, s.BANIDX, s.PSTATS, s.HSTATS, s.SSTATS, s.SITESTATS, s.COUNTERS,
-                s.SITEIDX, s.SITE, s.READY, s.WAITING, s.FREED, s.SESSION, s.BREAKER, s.BREAKER_SEEN, s.PACE),
+                s.SITEIDX, s.SITE, s.READY, s.WAITING, s.FREED, s.SESSION, s.BREAKER, s.BREAKER_SEEN, s.PACE,
+                s.GWBUSY, s.GWROT),
     "abandon": (MEMO, LEASE_MEMO, s.BANS, s.SITE, s.READY, s.WAITING, s.FREED, s.SESSION),
     "hold": (MEMO, s.PROXIES, s.META, s.ORDER, s.BANS, s.PSTATS, s.HSTATS, s.SITESTATS, s.SITEIDX, s.SITE, s.READY),
     "lift": (s.BANS, s.SITE, s.READY),
@@ -51,6 +52,8 @@ ROLES: dict[str, tuple[str, ...]] = {
     "host_list": (s.HOSTS, s.HOSTINFO),
     "pool_status": (s.BANS, s.SITE, s.READY),
     "content": (s.PROXIES, s.SITESTATS, s.BREAKER, s.CONTENT),
+    "gateway_rotate": (s.PROXIES, s.COUNTERS, s.GWROT),
+    "gateway_exit": (s.PROXIES, s.COUNTERS, s.GWEXIT),
 }
 #: Scripts whose KEYS depend on data (built by ``sites_keys``, ``session_keys``, ``migrate_*_keys``,
 #: ``tier_keys``).

@@ -29,6 +29,8 @@ _URL_LIKE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 #: The declared session of a gateway entry: ``#session=<token>`` at the end of the entry.
 SESSION_MARK = "#session="
 _SESSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._~-]{0,63}")
+#: A gateway slot's declared session: ``gw.<gid>.<k>[.<token>]`` (no token: a gateway without placeholder).
+SLOT_RE = re.compile(r"gw\.([0-9a-f]{8})\.([0-9]{1,5})(?:\.([a-z0-9]{4,32}))?")
 
 
 @dataclass(frozen=True)
@@ -64,11 +66,29 @@ def proxy_id(canonical_url: str) -> str:
 
 def exit_key(canonical_url: str) -> str:
     """The exit of a canonical URL (``parse_proxy``'s output): ``host:port``, or ``host:port#session``
-    for an entry that declares a gateway session. The scheme and the credentials are not part of it."""
+    for an entry that declares a gateway session. The scheme and the credentials are not part of it,
+    nor is the token of a gateway slot (``#session=gw.<gid>.<k>.<token>``, engine/gateway.py): a
+    rotation gives the slot a new exit IP under the same id."""
     address, _, session = canonical_url.partition(SESSION_MARK)
     address = address[address.find("://") + 3:]  # canonical: the scheme is always there
     address = address[address.rfind("@") + 1:]
+    if session.startswith("gw."):  # a gateway slot: its exit outlives its token (engine/gateway.py)
+        slot = slot_exit(address, session)
+        if slot is not None:
+            return slot
     return f"{address}#{session}" if session else address
+
+
+def slot_exit(address: str, session: str) -> str | None:
+    """The exit of a gateway slot (engine/gateway.py): the address with the token written ``{session}``
+    and the slot without it, or None when ``session`` is not a slot's ``gw.<gid>.<k>[.<token>]``."""
+    m = SLOT_RE.fullmatch(session)
+    if m is None:
+        return None
+    token = m.group(3)
+    if token:
+        address = address.replace(token, "{session}")
+    return f"{address}#gw.{m.group(1)}.{m.group(2)}"
 
 
 def send_url(canonical_url: str) -> str:

@@ -3,7 +3,8 @@
 Two formats, told apart by the first line that is neither blank nor a ``#`` comment:
 
 - plain: one proxy per line in any form ``parse_proxy`` accepts (``scheme://user:pass@host:port``,
-  ``host:port``, ``host:port:user:pass``);
+  ``host:port``, ``host:port:user:pass``), or a gateway entry (``<template>#sessions=N``, whose line
+  gives N pool members, see ``engine/gateway.py``);
 - CSV: a header naming the columns, ``url`` first, then any of ``type``, ``provider``, ``country``
   (tags shown by ``list`` and kept with the proxy), e.g. ``url,type,provider,country``.
 
@@ -26,7 +27,8 @@ import re
 from dataclasses import dataclass, field
 
 from scrapy_proxy_shard.engine.exits import merge_exits
-from scrapy_proxy_shard.engine.proxies import Proxy, make_proxy, mask
+from scrapy_proxy_shard.engine.gateway import expand_entry, mask_entry
+from scrapy_proxy_shard.engine.proxies import Proxy
 from scrapy_proxy_shard.exceptions import ProxyURLError
 
 COLUMNS = ("url", "type", "provider", "country")
@@ -95,11 +97,11 @@ def parse_proxy_list(text: str, *, tags: dict[str, str] | None = None) -> ProxyL
                     return result
                 continue
         try:
-            proxy = _parse_line(line, header, dict(tags or {}))
+            proxies = _parse_line(line, header, dict(tags or {}))
         except ProxyURLError as exc:
             result.errors.append(LineError(number, str(exc)))
             continue
-        parsed.append((f"line {number}", proxy))
+        parsed.extend((f"line {number}", proxy) for proxy in proxies)
     by_id, result.replaced = merge_exits(parsed)
     result.duplicates = len(parsed) - len(by_id)
     result.proxies = list(by_id.values())
@@ -131,16 +133,17 @@ def _header(line: str) -> list[str] | None:
     return fields if fields and fields[0] == "url" else None
 
 
-def _parse_line(line: str, header: list[str] | None, tags: dict[str, str]) -> Proxy:
+def _parse_line(line: str, header: list[str] | None, tags: dict[str, str]) -> list[Proxy]:
+    """A line's pool members: one proxy, or a gateway entry's slots (engine/gateway.py)."""
     if header is None:
-        return make_proxy(line, check_tags(tags))
+        return expand_entry(line, check_tags(tags))
     fields = [f.strip() for f in next(csv.reader([line]))]
     if len(fields) > len(header):
-        raise ProxyURLError(f"{len(fields)} fields for {len(header)} columns in {mask(line)!r}")
+        raise ProxyURLError(f"{len(fields)} fields for {len(header)} columns in {mask_entry(line)!r}")
     row = dict(zip(header, fields + [""] * (len(header) - len(fields)), strict=True))
     url = row.pop("url")
     try:
         checked = check_tags({**tags, **{k: v for k, v in row.items() if v}})
     except ProxyURLError as exc:
-        raise ProxyURLError(f"proxy {mask(url)!r}: {exc}") from None
-    return make_proxy(url, checked)
+        raise ProxyURLError(f"proxy {mask_entry(url)!r}: {exc}") from None
+    return expand_entry(url, checked)

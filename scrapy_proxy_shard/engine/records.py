@@ -28,12 +28,16 @@ class Lease:
     issued_at: float
     session_id: str | None = None
     rebound: bool = False
+    #: The exit's declared session (the URL's ``#session=`` mark, "" for none): a gateway slot's
+    #: ``gw.<gid>.<k>.<token>`` says which token this lease went out with (engine/gateway.py).
+    exit_session: str = field(default="", repr=False)
 
     def __post_init__(self) -> None:
         # Defence in depth: a lease without a URL would send the request from the host's own IP.
         if not self.proxy_url:
             raise PoolBackendError(f"pool {self.pool!r} answered a lease of proxy {self.proxy_id!r} without a URL")
         if SESSION_MARK in self.proxy_url:
+            object.__setattr__(self, "exit_session", self.proxy_url.partition(SESSION_MARK)[2])
             object.__setattr__(self, "proxy_url", send_url(self.proxy_url))
 
     @property

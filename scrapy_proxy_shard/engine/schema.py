@@ -45,9 +45,12 @@ BREAKER = "breaker"      # HASH per site: the site's circuit breaker (no key: cl
 BREAKER_SEEN = "brkseen"  # ZSET per site: quarantines started since the site's last ok (breaker evidence)
 PACE = "pace"            # HASH per site: the learned interval of adaptive pacing (fields PACE_FIELDS)
 CONTENT = "content"      # HASH per site: whether a content check ever passed there (content.lua)
+GWROT = "gwrot"          # HASH "<gateway id>|<site>" -> "rotations|window start ms" (gateway_rotate.lua)
+GWEXIT = "gwexit"        # HASH exit IP -> "<proxy id>|<token>|until_ms": the gateway slot seen on it
+GWBUSY = "gwbusy"        # HASH gateway slot id -> "lease token|expires_ms": its request in flight (lease.lua)
 KEY_SUFFIXES = (PROXIES, TAGS, ORDER, SITE, SITEIDX, READY, SESSION, BANS, BANIDX, PSTATS, HSTATS, SSTATS,
                 SITESTATS, COUNTERS, WAITING, FREED, HOSTS, HOSTINFO, LOAD, DONE, META, BREAKER, BREAKER_SEEN,
-                PACE, CONTENT)
+                PACE, CONTENT, GWROT, GWEXIT, GWBUSY)
 #: Keys of the layout before sites learnt proxies lazily (read only by the in-place migration,
 #: ``PoolStore.migrate``: P:sites is the hash site -> slots per proxy, P:sitebuild is deleted).
 LEGACY_SITES = "sites"
@@ -77,8 +80,12 @@ BREAKER_OPENED = "brk_open"      # site circuit breaker opened (site)
 BREAKER_REOPENED = "brk_reopen"  # re-opened after a probe was banned or a round of probes ran out (site)
 BREAKER_CLOSED = "brk_close"     # closed by a probe answered fine (site)
 BREAKER_SPARED = "brk_spared"    # bans while open or half-open: no quarantine, no strike (site)
+GW_ROTATIONS = "gw_rot"   # gateway slots given a new token (pool)
+GW_COOLDOWNS = "gw_cool"  # gateway bans quarantined because the site's rotation budget was spent (pool)
+GW_SHARED = "gw_shared"   # gateway slots found on an exit IP another slot held (pool)
 COUNTER_FIELDS = (LEASES, OK, ERRORS, BANNED, QUARANTINES, LATENCY, STALE, EXPIRED, REBINDS, Q_STARTED, Q_MS,
-                  BREAKER_OPENED, BREAKER_REOPENED, BREAKER_CLOSED, BREAKER_SPARED)
+                  BREAKER_OPENED, BREAKER_REOPENED, BREAKER_CLOSED, BREAKER_SPARED, GW_ROTATIONS, GW_COOLDOWNS,
+                  GW_SHARED)
 #: Fields of a site's ``PACE`` hash (``pace_release`` in lua/_lib.lua), besides ``p:<proxy id>``: the interval
 #: in force (ms), its last change, from when starts follow it, the clean run, the lowest interval known to fail,
 #: counts (raises, lowerings, skipped rate bans, floors lowered, failed probes), the pending vote, the probe.

@@ -49,6 +49,8 @@ OPERATIONS = (
     "lift",
     "abandon",
     "content",
+    "gateway_rotate",
+    "gateway_exit",
     "sites",
     "sessions",
     "migrate",

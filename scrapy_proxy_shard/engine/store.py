@@ -70,6 +70,7 @@ from scrapy_proxy_shard.engine.store_calls import (
     _ms,
     _Script,
 )
+from scrapy_proxy_shard.engine.store_gateway import _Gateway
 from scrapy_proxy_shard.engine.store_hosts import _Hosts
 from scrapy_proxy_shard.engine.store_lease import _Leasing
 from scrapy_proxy_shard.engine.store_views import _Views
@@ -96,7 +97,7 @@ __all__ = [
 ]
 
 
-class _StoreBase(_Leasing, _Admin, _Views, _Hosts, _Tiers, _Calls):
+class _StoreBase(_Leasing, _Admin, _Views, _Hosts, _Tiers, _Gateway, _Calls):
     """Plans shared by both stores. Subclasses supply ``_drive`` (sync or async).
 
     Composed of one mixin per concern, each in its own module: ``_Leasing`` (store_lease.py), ``_Admin``
@@ -311,6 +312,11 @@ class PoolBackend(Protocol):
                         idle: float = 3600.0) -> TierState:
         """One step of a site's tier on a tier list (engine/tiers.py): report answers, take a due probe."""
         ...
+
+    async def gateway_rotate(self, pool: str, proxy_id: str, site: str, sent_url: str, *, rotations: int,
+                             window: float) -> Any: ...
+
+    async def gateway_exit(self, pool: str, proxy_id: str, sent_url: str, ip: str, *, ttl: float) -> Any: ...
 
     async def pools(self) -> list[str]: ...
 

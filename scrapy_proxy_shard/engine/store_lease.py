@@ -7,6 +7,7 @@ from __future__ import annotations
 from scrapy_proxy_shard.engine import keyset
 from scrapy_proxy_shard.engine import schema as keys
 from scrapy_proxy_shard.engine.breaker import BreakerEvent, BreakerOptions, BreakerState, ContentVerdict
+from scrapy_proxy_shard.engine.gateway import gateway_id
 from scrapy_proxy_shard.engine.pacing import AutothrottleOptions
 from scrapy_proxy_shard.engine.records import Lease, LeaseWait, ReleaseResult
 from scrapy_proxy_shard.engine.store_admin import MIGRATE_WARMUP
@@ -182,7 +183,7 @@ class _Leasing:
             _ms(max(session_ttl, 0.001)), _reason(reason or outcome), *ban_args,
             repr(float(self.ewma_alpha)), _ms(rest_after_response, "rest_after_response"),
             self._breaker_arg(site), self.site_idle_ms, *pace_args, told,
-            *self._guard_args(arrival_guard), repr(float(margin_prior)),
+            *self._guard_args(arrival_guard), repr(float(margin_prior)), gateway_id(lease.exit_session),
         ))
 
     @staticmethod

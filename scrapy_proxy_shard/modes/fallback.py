@@ -301,6 +301,17 @@ class FallbackPoolStore(PoolBackend):
         except PoolUnreachable:
             return None
 
+    async def gateway_rotate(self, pool: str, proxy_id: str, site: str, sent_url: str, *, rotations: int,
+                             window: float) -> Any:
+        """Redis rotates for every host; while it is away, the local slice's engine does (its slots are
+        this host's alone until Redis returns: the rotated token is then forgotten, the old one kept)."""
+        store = self.primary if self.state == "redis" else self._ensure_local()
+        return await store.gateway_rotate(pool, proxy_id, site, sent_url, rotations=rotations, window=window)
+
+    async def gateway_exit(self, pool: str, proxy_id: str, sent_url: str, ip: str, *, ttl: float) -> Any:
+        store = self.primary if self.state == "redis" else self._ensure_local()
+        return await store.gateway_exit(pool, proxy_id, sent_url, ip, ttl=ttl)
+
     async def breaker(self, pool: str, site: str) -> Any:
         store = self.primary if self.state == "redis" else self._ensure_local()
         try:

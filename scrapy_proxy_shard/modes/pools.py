@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from scrapy_proxy_shard.engine.exits import unique_exits
-from scrapy_proxy_shard.engine.proxies import Proxy, make_proxy
+from scrapy_proxy_shard.engine.gateway import expand_all
 from scrapy_proxy_shard.engine.store import AsyncPoolStore
 from scrapy_proxy_shard.modes.process import shared_engine
 from scrapy_proxy_shard.modes.sharding import partition_by_platform, slice_for
@@ -47,8 +47,7 @@ def initial_proxies(settings: ShardSettings) -> dict[str, list]:
     platform, and in static mode cut down to this host's slice."""
     out: dict[str, list] = {}
     for pool, entries in settings.proxies.items():
-        proxies = unique_exits((e if isinstance(e, Proxy) else make_proxy(e) for e in entries),
-                               f"PROXY_SHARD_PROXIES[{pool!r}]")
+        proxies = unique_exits(expand_all(entries), f"PROXY_SHARD_PROXIES[{pool!r}]")
         if settings.mode == "static":
             mine = set(slice_for(proxies, settings.hosts, settings.host_id, settings.sharding))
             proxies = {pid: p for pid, p in proxies.items() if pid in mine}

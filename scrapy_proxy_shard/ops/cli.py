@@ -34,7 +34,8 @@ from click.core import ParameterSource
 
 from scrapy_proxy_shard._version import __version__
 from scrapy_proxy_shard.engine.exits import merge_exits
-from scrapy_proxy_shard.engine.proxies import PROXY_TYPES, Proxy, make_proxy, mask, parse_proxy, split_credentials
+from scrapy_proxy_shard.engine.gateway import expand_entry, is_gateway_entry, masked_slot, parse_gateway
+from scrapy_proxy_shard.engine.proxies import PROXY_TYPES, Proxy, mask, parse_proxy, split_credentials
 from scrapy_proxy_shard.engine.schema import check_name
 from scrapy_proxy_shard.engine.sites import SITE_KEY_RE, check_site
 from scrapy_proxy_shard.engine.store import PoolStore
@@ -357,12 +358,12 @@ def _ban_ttl(ctx: click.Context, param: click.Parameter, value: float | None) ->
 @_tag_options
 @click.pass_obj
 def add(obj: Ctx, urls: tuple[str, ...], type_: str | None, provider: str | None, country: str | None) -> None:
-    """Add the proxies URL... (any form a list file accepts)."""
+    """Add the proxies URL... (any form a list file accepts, gateway entries `<template>#sessions=N` too)."""
     tags = _tags(type_, provider, country)
     entries, errors = [], []
     for n, url in enumerate(urls, start=1):
         try:
-            entries.append((f"argument {n}", make_proxy(url, tags)))
+            entries.extend((f"argument {n}", proxy) for proxy in expand_entry(url, tags))
         except ProxyURLError as exc:
             errors.append(f"argument {n}: {exc}")
     for error in errors:
@@ -376,7 +377,8 @@ def add(obj: Ctx, urls: tuple[str, ...], type_: str | None, provider: str | None
     result = obj.store.add_proxies(obj.target_pool, proxies)
     click.echo(f"pool {obj.target_pool!r}: {_add_summary(result)}")
     for p in proxies:
-        click.echo(f"  {p.id}  {p.masked}" + ("  (replaced: same exit, new URL)" if p.id in result.replaced else ""))
+        click.echo(f"  {p.id}  {masked_slot(p)}" + ("  (replaced: same exit, new URL)" if p.id in result.replaced
+                                                    else ""))
 
 
 def _add_summary(result: Any) -> str:
@@ -395,9 +397,19 @@ def _replaced(n: int) -> str:
 def remove(obj: Ctx, proxies: tuple[str, ...]) -> None:
     """Drain PROXY... (id, or URL with or without credentials) out of the pool.
 
-    No new leases from now on; requests and sticky sessions that hold one finish normally.
+    A gateway entry (`<template>#sessions=N`) names its N slots. No new leases from now on; requests and
+    sticky sessions that hold one finish normally.
     """
-    found, missing = _resolve(obj, proxies)
+    refs: list[str] = []
+    for ref in proxies:
+        if not is_gateway_entry(ref):
+            refs.append(ref)
+            continue
+        try:
+            refs.extend(p.id for p in parse_gateway(ref).slots())  # a slot's id does not depend on its token
+        except ProxyURLError as exc:
+            raise InputError(str(exc)) from None
+    found, missing = _resolve(obj, tuple(refs))
     removed = obj.store.remove_proxies(obj.target_pool, list(dict.fromkeys(found.values())))
     click.echo(f"pool {obj.target_pool!r}: {removed} proxies drained (no new leases; running ones finish)")
     _fail_missing(obj, missing)

@@ -201,6 +201,12 @@ def pool_metrics(snapshots: Sequence[PoolSnapshot],
                     for st in (schema.STALE, schema.EXPIRED)])
     yield per_pool("proxy_shard_session_rebinds", "Sticky sessions moved to another proxy",
                    lambda s: int(s.counters.get(schema.REBINDS, 0)), "counter")
+    yield _counter("proxy_shard_gateway_events", "Gateway slots: 'rotated' (a new session token), 'cooldown' "
+                   "(a ban quarantined a slot: the site's rotation budget was spent), 'shared_exit' (a slot met "
+                   "another's exit IP)", ["pool", "status"],
+                   [((s.pool, status), int(s.counters.get(field, 0))) for s in snapshots
+                    for status, field in (("rotated", schema.GW_ROTATIONS), ("cooldown", schema.GW_COOLDOWNS),
+                                         ("shared_exit", schema.GW_SHARED))])
     yield from breaker_metrics(snapshots, site_label)
     yield from host_metrics(snapshots)
 

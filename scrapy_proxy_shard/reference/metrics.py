@@ -71,6 +71,9 @@ METRICS: tuple[MetricDoc, ...] = (
     _m("proxy_shard_releases_total", C, "pool, status", "releases that found their lease expired: `stale` "
        "(re-leased by another host), `expired`"),
     _m("proxy_shard_session_rebinds_total", C, "pool", "sticky sessions moved to another proxy"),
+    _m("proxy_shard_gateway_events_total", C, "pool, status", "gateway slots: `rotated` (a new session token: "
+       "a new exit IP), `cooldown` (a ban quarantined a slot: the site's rotation budget was spent), "
+       "`shared_exit` (a slot met another slot's exit IP)"),
     _m("proxy_shard_breaker_state", G, "pool, site, state", "1 for the state of the site's circuit breaker: "
        "`closed`, `open`, `half_open`"),
     _m("proxy_shard_breaker_opened_total", C, "pool, site", "times the site's breaker opened (the site "

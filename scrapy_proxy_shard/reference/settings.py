@@ -71,7 +71,8 @@ SECTIONS: tuple[Section, ...] = (
           "or `{pool: [urls]}`; a string (`-s`, environment) is split on spaces and newlines only, never on "
           "commas (a password may contain one). Every entry is validated at start. Two entries of one exit "
           "(`host:port`, plus a declared `#session=<token>`) are one proxy: the later wins, with one WARNING "
-          "naming both entries (masked)", default="unset"),
+          "naming both entries (masked). A gateway entry `<template>#sessions=N` (or `{\"url\": template, "
+          "\"sessions\": N}`) adds N slots ([provider gateways](../recipes/gateways.md))", default="unset"),
         S("PROXY_SHARD_PROXIES_PATH", "a proxy list file loaded (merged) when a spider opens, like "
           "scrapy-rotating-proxies' `ROTATING_PROXY_LIST_PATH`: a path for `PROXY_SHARD_POOL`, or "
           "`{pool: path}`, relative to the directory scrapy runs in. The format of `scrapy-proxy-shard load`: "
@@ -79,6 +80,15 @@ SECTIONS: tuple[Section, ...] = (
           "comments skipped, every line validated at start; a bad line, a missing or unreadable file, or a "
           "file with no proxies stops the crawl with one line naming the path (lines shown masked). Read once "
           "at start. Setting it and `PROXY_SHARD_PROXIES` for one pool is an error: set one", default="unset"),
+        S("PROXY_SHARD_GATEWAY_ROTATIONS", "how many fresh IPs in a row one gateway may try for one site (new "
+          "session tokens after bans, with no clean answer through the gateway there between them) within "
+          "`PROXY_SHARD_GATEWAY_ROTATION_WINDOW`; past it, a ban there quarantines the slot as for a static "
+          "proxy, so a site that blocks every fresh IP does not burn the plan "
+          "([provider gateways](../recipes/gateways.md))", default="5, or the gateway's sessions if fewer"),
+        S("PROXY_SHARD_GATEWAY_ROTATION_WINDOW", "the window of that budget; also how long an exit IP reported "
+          "for a slot is remembered", unit="s"),
+        S("PROXY_SHARD_GATEWAY_EXIT_HEADER", "a response header in which the gateway reports the exit IP "
+          "(e.g. `X-Exit-IP`): two slots seen on one IP are counted and one is rotated", default="unset"),
         S("PROXY_SHARD_PLATFORMS", "`{\"platform\": [sites]}`: each proxy serves one platform only (pool "
           "`<pool>.<platform>`)"),
         S("PROXY_SHARD_SITE_GROUPS", "`{\"group\": [\"site-a.com\", \"site-b.com\"]}`: sites that share a "

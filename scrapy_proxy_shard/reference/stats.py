@@ -40,6 +40,7 @@ ACQUIRE = "runtime `acquire`"
 FINISH = "runtime `finish`"
 MW = "`ProxyShardMiddleware`"
 BAN_MW = "`BanDetectionMiddleware`"
+GW = "runtime `gateways`"
 
 SECTIONS: tuple[StatSection, ...] = (
     StatSection("Leases and waits", "Taking a proxy for a request, and waiting for one.", (
@@ -175,6 +176,22 @@ SECTIONS: tuple[StatSection, ...] = (
              "name)"),
         _doc("proxy_shard/host_id_taken", "heartbeat (health.py)", "another process took this host id over "
              "while this one ran (its heartbeats had lapsed): this crawl stops"),
+    )),
+    StatSection("Provider gateways", "Slots of a `<template>#sessions=N` entry "
+                "([provider gateways](../recipes/gateways.md)).", (
+        _doc("proxy_shard/gateway/rotations", GW, "gateway slots given a new session token (a new exit IP): "
+             "after a ban, or after their exit IP turned out to be another slot's"),
+        _doc("proxy_shard/gateway/rotate/{status}", GW, "what a ban on a gateway slot did: `rotated`, `stale` "
+             "(another host had rotated it already), `noop` (a gateway without placeholder), `cooldown` (the "
+             "site's rotation budget was spent: quarantined), `static`, `unknown`"),
+        _doc("proxy_shard/gateway/cooldown_bans", GW, "bans that quarantined a gateway slot because the site "
+             "used up `PROXY_SHARD_GATEWAY_ROTATIONS` within the window"),
+        _doc("proxy_shard/gateway/rotate_errors", GW, "rotations Redis did not answer (the slot was "
+             "quarantined instead)"),
+        _doc("proxy_shard/gateway/exit_reports", GW, "exit IPs read from `PROXY_SHARD_GATEWAY_EXIT_HEADER` and "
+             "recorded (once per slot, token and IP)"),
+        _doc("proxy_shard/gateway/shared_exit", GW, "gateway slots found on an exit IP another slot held (one "
+             "of the two was rotated)"),
     )),
     StatSection("Local fallback", "While Redis does not answer ([the failure model](../failure-model.md)).", (
         _doc("proxy_shard/fallback/entered, proxy_shard/fallback/exited, proxy_shard/fallback/seconds",

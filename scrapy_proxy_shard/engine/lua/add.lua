@@ -9,7 +9,8 @@
 --          pool can finish first (the held records were lost with the pool)
 -- ARGV[3..] triples: proxy id, canonical URL, JSON tags ("" for none). The id names the exit
 --          (host:port, a declared session): a URL for an id already in the pool replaces its URL
---          in place (new credentials, the other scheme), and the exit's slots, pacing and bans stay.
+--          in place (new credentials, the other scheme), and the exit's slots, pacing and bans stay;
+--          a gateway slot (#session=gw.<gid>.<k>.<token>) keeps the token it has in the pool.
 -- Replies:
 --   {"OK", added, updated, replaced id...}   replaced: the ids (among the updated) whose URL changed
 --   {"KEPT"}  restore mode only: the pool was not lost; nothing written
@@ -34,7 +35,14 @@ local replaced = {}
 for i = 3, #ARGV, 3 do
   local id, url, tags = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local old = redis.call('HGET', K_PROXIES, id)
-  if old and old ~= url then replaced[#replaced + 1] = id end
+  if old and old ~= url then
+    -- A gateway slot already in the pool keeps its token (its exit IP, maybe rotated since): a host
+    -- that starts later, with new random tokens, changes nothing but the credentials around it.
+    local kept = string.match(old, '#session=gw%.%x+%.%d+%.([a-z0-9]+)$')
+    local given = string.match(url, '#session=gw%.%x+%.%d+%.([a-z0-9]+)$')
+    if kept and given then url = string.gsub(url, given, kept) end
+    if old ~= url then replaced[#replaced + 1] = id end
+  end
   if redis.call('HSET', K_PROXIES, id, url) == 1 then
     added = added + 1
     if mode == 'restore' and warm > 0 then

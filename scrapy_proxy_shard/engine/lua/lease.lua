@@ -1,7 +1,11 @@
 -- lease.lua: lease the proxy slot that has been free longest on a site, or continue a sticky session.
--- KEYS: memo proxies meta order bans pstats hstats sitestats counters siteidx site ready waiting session breaker
+-- KEYS: memo proxies meta order bans pstats hstats sitestats counters siteidx site ready waiting session breaker gwbusy
 --        (roles in order, see engine/keyset.py: memo = P:done:lease:<token>, site/ready/waiting/breaker
 --        of ARGV[1], session = P:session:<site>:<ARGV[6]>)
+-- A gateway slot (URL mark #session=gw.<gid>.<k>...: one session of a provider's plan, engine/gateway.py)
+-- serves one request at a time across all sites, so a gateway of N sessions never has more than N
+-- requests in flight (the plan's limit): its lease is recorded in P:gwbusy (id -> "token|expires_ms",
+-- removed by its release) and a slot busy on another site is deferred GW_RECHECK_MS at a time.
 -- ARGV[1]  site (exclusivity key: registrable domain or site group)
 -- ARGV[2]  concurrency: slots per proxy on this site, used when the site is first built
 -- ARGV[3]  lease TTL, ms (a holder that dies frees the slot after this)
@@ -59,6 +63,22 @@ end
 
 local SKIPS_PER_CALL = 32
 local RECHECK_MS = 30000
+local GW_RECHECK_MS = 50
+-- ms until a gateway slot's request on another site ends (0: free, or not a gateway slot).
+local function gw_busy(id, url, now)
+  if not string.find(url, '#session=gw.', 1, true) then return 0 end
+  local v = redis.call('HGET', K_GWBUSY, id)
+  local u = v and tonumber(string.match(v, '|(%d+)$'))
+  if u and u > now then return u - now end
+  return 0
+end
+local function gw_take(id, url, token, until_ms, ttl_ms)
+  if string.find(url, '#session=gw.', 1, true) then
+    redis.call('HSET', K_GWBUSY, id, token .. '|' .. istr(until_ms))
+    -- the hash outlives its longest lease, no more: a record a dead holder left goes with it
+    if redis.call('PTTL', K_GWBUSY) < ttl_ms then redis.call('PEXPIRE', K_GWBUSY, ttl_ms) end
+  end
+end
 local site = ARGV[1]
 local concurrency = tonumber(ARGV[2])
 local ttl = tonumber(ARGV[3])
@@ -113,6 +133,10 @@ if sid ~= '' then
       local busy, nxt = tonumber(s[3]), tonumber(s[4])
       if busy > now then return {'WAIT', busy - now, 'session'} end
       if nxt > now then return {'WAIT', nxt - now, 'session'} end
+      local own_url = redis.call('HGET', K_PROXIES, id)
+      local elsewhere = gw_busy(id, own_url, now)
+      if elsewhere > 0 then return {'WAIT', math.min(elsewhere, GW_RECHECK_MS), 'session'} end
+      gw_take(id, own_url, token, now + ttl, ttl)
       redis.call('HSET', S, 't', token, 'busy', now + ttl)
       redis.call('HINCRBY', S, 'n', 1)
       redis.call('PEXPIRE', S, session_ttl)
@@ -126,8 +150,7 @@ if sid ~= '' then
         --@lazy breaker_probe_taken
         breaker_probe_taken(token, now + ttl)
       end
-      return remember_lease(K_MEMO,
-        {'OK', id, redis.call('HGET', K_PROXIES, id), member, token, now + ttl, now, 1, 0}, now_str)
+      return remember_lease(K_MEMO, {'OK', id, own_url, member, token, now + ttl, now, 1, 0}, now_str)
     end
     -- The session's proxy is banned, dead or removed: free its slot and bind a new proxy below.
     -- The binding is emptied rather than deleted, so a rebind that has to wait is still reported
@@ -168,7 +191,12 @@ while #found > 0 do
   url = redis.call('HGET', K_PROXIES, cand)
   if url then
     local b = ban_entry_until('*|' .. cand)
-    if b <= now then break end
+    local elsewhere = 0
+    if b <= now then
+      elsewhere = gw_busy(cand, url, now)
+      if elsewhere == 0 then break end
+      b = now + math.min(elsewhere, GW_RECHECK_MS)  -- a gateway slot busy on another site: soon again
+    end
     if b > now + RECHECK_MS then b = now + RECHECK_MS end
     redis.call('ZADD', ready, b, found[1])  -- quarantined proxy-wide: look again later
     url = nil
@@ -193,7 +221,8 @@ if #found == 0 then
   if wait < 1 then wait = 1 end
   redis.call('SET', K_WAITING, '1', 'PX', 6000)
   if live_record(redis.call('HGET', K_SITE, first[1]), now) then return {'WAIT', wait, 'held'} end
-  if built and not any_held(now) then return {'WAIT', wait, 'pool', 1} end
+  -- (never firm while a gateway slot is busy on another site: its release frees it here too)
+  if built and not any_held(now) and redis.call('EXISTS', K_GWBUSY) == 0 then return {'WAIT', wait, 'pool', 1} end
   return {'WAIT', wait, 'pool'}
 end
 
@@ -212,6 +241,7 @@ if S then
 end
 redis.call('ZADD', ready, hold, member)
 redis.call('HSET', K_SITE, member, held_record(token, host, now, now + lease_ttl, sid))
+gw_take(id, url, token, now + ttl, ttl)
 local c = site_c
 if c > 1 then
   -- Arrivals per IP: the proxy's other slots wait the site's spacing after this start (see ip_field).

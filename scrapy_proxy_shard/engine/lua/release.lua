@@ -1,5 +1,7 @@
 -- release.lua: end one use of a leased slot, record its outcome, and quarantine the proxy if banned.
--- KEYS: lease_memo proxies bans banidx pstats hstats sstats sitestats counters siteidx site ready waiting freed session breaker brkseen pace
+-- KEYS: lease_memo proxies bans banidx pstats hstats sstats sitestats counters siteidx site ready waiting freed session breaker brkseen pace gwbusy gwrot
+--        (gwbusy: a gateway slot's request in flight, see lease.lua: this release's record is removed;
+--        gwrot: the gateway's rotations per site, see gateway_rotate.lua: a clean answer ends the run)
 --        (roles in order, see engine/keyset.py: lease_memo = P:done:lease:<token>, the lease's memo,
 --        which this release's reply overwrites (see remember_release in _lib.lua); per-site keys of ARGV[1],
 --        session = P:session:<site>:<ARGV[8]>)
@@ -46,6 +48,8 @@
 --          slower than the quickest the caller has seen can have arrived that much late; see
 --          crawl/arrival.py). Without a floor (the caller's first use of the proxy on the site: new
 --          connections) by now - start: this release is the only sure bound on the arrival
+-- ARGV[30] (optional) the gateway id of a gateway slot (engine/gateway.py), or "": an "ok" through it
+--          forgets the gateway's rotations on the site (a fresh IP worked there)
 -- ARGV[29] (optional) the path margin a fixed interval starts with, as a share of it (at most 20 ms)
 --          until the site teaches one (see site_learn); 0 or absent: none
 -- Replies:
@@ -102,6 +106,9 @@ if ARGV[8] ~= '' or not held_with(live_record(record, now), token) then
   local earlier = v and release_memo_reply(v)
   if earlier then return earlier end
 end
+
+local gw = redis.call('HGET', K_GWBUSY, id_of(member))
+if gw and string.sub(gw, 1, #token + 1) == token .. '|' then redis.call('HDEL', K_GWBUSY, id_of(member)) end
 
 local latency = tonumber(ARGV[5])
 local interval = tonumber(ARGV[6])
@@ -213,6 +220,7 @@ if breaker then  -- on for this host (the breaker helpers are defined only when 
   end
 end
 if outcome == 'ok' then
+  if ARGV[30] and ARGV[30] ~= '' then redis.call('HDEL', K_GWROT, ARGV[30] .. '|' .. site) end
   redis.call('HINCRBY', K_HSTATS, host .. ':ok', 1)
   redis.call('HINCRBY', K_SITESTATS, 'ok', 1)
   if latency >= 0 then  -- the proxy's count and EWMA latency: one read, one write
