@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from scrapy_proxy_shard.engine.gateway import expand_entry
 from scrapy_proxy_shard.settings import ShardSettings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,6 +69,18 @@ def test_the_readme_example_settings_parse_and_name_the_spiders_pools():
     assert pools == {"datacenter", "residential"}, pools
     assert pools <= set(values["PROXY_SHARD_PROXIES"]), "the spider names a pool the settings leave empty"
     exec(compile(spider_block, "README spider", "exec"), {})
+
+
+def test_the_readme_gateway_and_tiers_example_parses():
+    """The third example (a gateway entry with 50 sessions, two tiers) is valid settings, proxies too."""
+    block = next(b for b in FENCE.findall(README) if "PROXY_SHARD_TIERS" in b)
+    namespace: dict = {}
+    exec(compile(block, "README gateways and tiers", "exec"), namespace)
+    values = {k: v for k, v in namespace.items() if k.isupper()}
+    parsed = ShardSettings.from_settings(values)
+    assert parsed.tiers == ("datacenter", "residential")
+    slots = expand_entry(values["PROXY_SHARD_PROXIES"]["residential"][0])
+    assert len(slots) == 50 and len({slot.id for slot in slots}) == 50
 
 
 @pytest.mark.docs
