@@ -24,7 +24,7 @@ from scrapy_proxy_shard.demo.redis_server import RedisServer
 from scrapy_proxy_shard.demo.run import _spawn, _stop, _wait_file
 from scrapy_proxy_shard.demo.sitelog import find_overlaps, read_log
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.newest_redis_line]
 PROJECT = Path(__file__).resolve().parents[1] / "example_project"
 SITES = ("shop-a.test", "shop-b.test")
 PAGES = 12

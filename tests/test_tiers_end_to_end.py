@@ -22,7 +22,7 @@ from scrapy_proxy_shard.demo.redis_server import RedisServer
 from scrapy_proxy_shard.demo.site import AntiBotSite, ServerThread, SiteRules
 from scrapy_proxy_shard.demo.sitelog import read_log
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.newest_redis_line]
 DC_IPS = ("127.0.0.51", "127.0.0.52", "127.0.0.53")
 RESI_IPS = ("127.0.0.61", "127.0.0.62")
 BLOCKS, OPEN = "blocks.test", ("open-a.test", "open-b.test")
