@@ -17,6 +17,7 @@ import pytest
 import redis
 import redis.asyncio
 
+from scrapy_proxy_shard.engine import keyset
 from scrapy_proxy_shard.engine import store as store_module
 from scrapy_proxy_shard.engine.scripts import FUNCTION_OPS, function_library, script_source
 from scrapy_proxy_shard.engine.store import AsyncPoolStore, Lease, PoolStore
@@ -187,7 +188,8 @@ def test_a_function_error_reply_reaches_the_caller(fn_redis):
     assert _cycle(store) == "ok"
     name = function_library().functions["lease"]
     with pytest.raises(redis.ResponseError, match="argument"):
-        fn_redis.fcall(name, 15, *["k"] * 15, "a.example", "0", "1", "tok", "h", "", "1", "1000")
+        keys = len(keyset.ROLES["lease"])
+        fn_redis.fcall(name, keys, *["k"] * keys, "a.example", "0", "1", "tok", "h", "", "1", "1000")
     assert store._functions is not None and _cycle(store) == "ok"
 
 
