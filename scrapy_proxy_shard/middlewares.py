@@ -163,22 +163,17 @@ class ProxyShardMiddleware:
             self.runtime.stats.inc_value(f"{STATS}/{'local' if alone == 'local' else 'skipped'}")
             self.runtime.left_alone.add(request)
             return None
+        problem, stat = None, ""
         if route.kind == "refused":
-            self.runtime.stats.inc_value(f"{STATS}/handler_refused")
-            logger.error("proxy_shard: %(url)s not sent: %(r)s", {"url": request.url, "r": route.reason})
-            raise RequestNotLeased(f"{request.url}: {route.reason}")
-        if route.kind == "browser":
-            problem = browser.bind_problem(meta)
-            if problem is not None:
-                self.runtime.stats.inc_value(f"{STATS}/browser_refused")
-                logger.error("proxy_shard: %(url)s not sent: %(p)s", {"url": request.url, "p": problem})
-                raise RequestNotLeased(f"{request.url}: {problem}")
-        if route.family == "impersonate":
-            problem = impersonate.request_problem(meta)
-            if problem is not None:
-                self.runtime.stats.inc_value(f"{STATS}/impersonate_refused")
-                logger.error("proxy_shard: %(url)s not sent: %(p)s", {"url": request.url, "p": problem})
-                raise RequestNotLeased(f"{request.url}: {problem}")
+            problem, stat = route.reason, "handler_refused"
+        elif route.kind == "browser":
+            problem, stat = browser.bind_problem(meta), "browser_refused"
+        if problem is None and route.family == "impersonate":
+            problem, stat = impersonate.request_problem(meta), "impersonate_refused"
+        if problem is not None:
+            self.runtime.stats.inc_value(f"{STATS}/{stat}")
+            logger.error("proxy_shard: %(url)s not sent: %(p)s", {"url": request.url, "p": problem})
+            raise RequestNotLeased(f"{request.url}: {problem}")
         if self.runtime.open_error is not None:
             raise self.runtime.open_error
         if self.runtime.lease_of(request) is not None:
