@@ -174,6 +174,20 @@ local function announce_freed()
 end
 
 
+-- A hash read field by field on every call (a site's held records, its pace marks, the pool's URLs)
+-- is kept in Redis's hashtable encoding once it may grow big. Redis keeps a hash of up to
+-- hash-max-listpack-entries fields (512 by default) as a listpack, where finding a field is a linear
+-- scan and a field that is not there scans it all: with 500 proxies a release's reads of a site's
+-- hash and pace hash cost ~20 us of Redis time, more than all its other commands. A value longer
+-- than hash-max-listpack-value (64 by default) converts the hash, and Redis never converts it back
+-- (until a restart loads it from disk: then the next site built, or the next add or host beat for the
+-- pool's URLs, converts again): written and deleted at once, it leaves no field behind.
+local BIG_HASH = 64
+local function as_table(key)
+  redis.call('HSET', key, '~encoding~', string.rep('~', 2048))
+  redis.call('HDEL', key, '~encoding~')
+end
+
 -- Integer as a decimal string (tostring would switch to exponent notation for big numbers).
 local function istr(n) return string.format('%d', n) end
 
@@ -326,6 +340,7 @@ local function ensure_site(site, concurrency, now, pool_seq)
   if not c then
     c = concurrency
     redis.call('HSET', K_SITE, 'c', c, 'seq', 0)
+    if pool_seq * c > BIG_HASH then as_table(K_SITE) end  -- one held record per slot in use
     seq = 0
   elseif seq > pool_seq then
     seq = 0
@@ -973,6 +988,8 @@ local function site_learn(site, id, start, outcome, kind, rest_min, interval, ke
   end
   if #set > 0 then
     redis.call('HSET', K, unpack(set))
+    -- a proxy's first mark: the hash grows with the pool (see as_table)
+    if not last and redis.call('HLEN', K) >= BIG_HASH then as_table(K) end
     redis.call('PEXPIRE', K, keep_ms)
   end
   return last, rest, mg, event
@@ -988,6 +1005,7 @@ local function site_mark(id, last, brief_ms, keep_ms)
   end
   if mark ~= last then
     redis.call('HSET', K_PACE, 'p:' .. id, mark)
+    if not last and redis.call('HLEN', K_PACE) >= BIG_HASH then as_table(K_PACE) end
     redis.call('PEXPIRE', K_PACE, keep_ms)
   end
 end

@@ -81,6 +81,8 @@ rec.info = info
 redis.call('HSET', K_HOSTINFO, host, cjson.encode(rec))
 redis.call('ZADD', K_HOSTS, now + ttl, host)
 
+-- the pool's URLs, read by every lease, back in the hashtable encoding after a restart (see as_table)
+if redis.call('HLEN', K_PROXIES) > BIG_HASH then as_table(K_PROXIES) end
 local mine = host_counters(host)
 local reply = {'OK', now, redis.call('HLEN', K_PROXIES), redis.call('ZCOUNT', K_HOSTS, '(' .. now, '+inf'),
   total, mine[2], mine[3], mine[4]}
