@@ -527,47 +527,28 @@ def test_the_arrival_guard_paces_a_session_and_adds_to_a_learned_interval(store,
     assert wait.wait + clock.slack > 0.195 and wait.wait <= 0.25 + clock.slack
 
 
-@pytest.mark.parametrize(("cap", "floor", "message"), [("-1", "-1", "arrival guard ms"),
-                                                       ("100", "-2", "arrival floor ms"),
-                                                       ("100", "x", "arrival floor ms")])
-def test_release_refuses_a_bad_arrival_guard_before_any_write(store, backend, cap, floor, message):
-    import redis
-
-    from scrapy_proxy_shard.engine.keyset import script_keys
-    from scrapy_proxy_shard.engine.scripts import register_all
-
+# release.lua trusts its arguments (engine/store_lease.py checks each before the call: the checks cost
+# ~5 us of Redis time per release in the script); what a script cannot hold never reaches it.
+@pytest.mark.parametrize(("guard", "message"), [((float("nan"), None), "arrival guard"),
+                                                ((0.1, float("inf")), "arrival floor"),
+                                                ((1e12, 0.0), "arrival guard")])
+def test_release_refuses_a_bad_arrival_guard_before_any_write(store, guard, message):
     store.add_proxies(POOL, URLS[:1])
     lease = lease_ok(store)
-    args = ("a.example", lease.member, lease.token, "ok", 10, 300, "host-a", "", 600000, "ok",
-            1000, 2000, "0", 1000, "0.2", 0, "", 3600000, "0", 1, 1, 1, "1", "0", 1, 0, cap, floor)
-    names = script_keys("release", store.prefix(POOL), "a.example", token=lease.token)
-    with pytest.raises(redis.ResponseError, match=message):
-        register_all(backend)["release"](keys=names, args=args)
+    with pytest.raises(ValueError, match=message):
+        store.release(lease, arrival_guard=guard)
     assert isinstance(store.lease(POOL, "a.example", ttl=5), LeaseWait)  # still held: nothing was written
-    with pytest.raises(ValueError, match="arrival"):
-        store.release(lease, arrival_guard=(float("nan"), None))
     assert store.release(lease, arrival_guard=(0.1, 0.0)).status == "ok"
 
 
-@pytest.mark.parametrize("rest", ["-1", "nan", str(10**12), ""])
-def test_release_refuses_a_bad_rest_before_any_write(store, backend, rest):
-    import redis
-
-    from scrapy_proxy_shard.engine.scripts import register_all
-
+@pytest.mark.parametrize("rest", [float("nan"), float("inf"), 1e12])
+def test_release_refuses_a_bad_rest_before_any_write(store, rest):
     store.add_proxies(POOL, URLS[:1])
     lease = lease_ok(store)
-    from scrapy_proxy_shard.engine.keyset import script_keys
-
-    args = ("a.example", lease.member, lease.token, "ok", 10, 300, "host-a", "", 600000, "ok",
-            1000, 2000, "0", 1000, "0.2", rest, "", 3600000)
-    names = script_keys("release", store.prefix(POOL), "a.example", token=lease.token)
-    with pytest.raises(redis.ResponseError, match="rest after response ms"):
-        register_all(backend)["release"](keys=names, args=args)
+    with pytest.raises(ValueError, match="rest_after_response"):
+        store.release(lease, rest_after_response=rest)
     assert isinstance(store.lease(POOL, "a.example", ttl=5), LeaseWait)  # still held: nothing was written
     assert store.release(lease, min_interval=0.0).status == "ok"  # and the token was not memoised
-    with pytest.raises(ValueError, match="rest_after_response"):
-        store.release(lease, rest_after_response=float("inf"))
 
 
 def test_a_quarantine_outlasts_the_pacing(store, clock):

@@ -186,10 +186,10 @@ def test_a_function_error_reply_reaches_the_caller(fn_redis):
     store = PoolStore(fn_redis, namespace="t", host_id="h")
     store.add_proxies(POOL, URLS)
     assert _cycle(store) == "ok"
-    name = function_library().functions["lease"]
-    with pytest.raises(redis.ResponseError, match="argument"):
-        keys = len(keyset.ROLES["lease"])
-        fn_redis.fcall(name, keys, *["k"] * keys, "a.example", "0", "1", "tok", "h", "", "1", "1000")
+    name = function_library().functions["release"]  # it parses its member and breaker options
+    with pytest.raises(redis.ResponseError, match="argument member"):
+        keys = len(keyset.ROLES["release"])
+        fn_redis.fcall(name, keys, *["k"] * keys, "a.example", "no-slot", *["0"] * 14, "", *["0"] * 13)
     assert store._functions is not None and _cycle(store) == "ok"
 
 

@@ -68,6 +68,7 @@ from scrapy_proxy_shard.engine.store_calls import (
     _is_cluster,
     _key_encoder,
     _ms,
+    _name,
     _Script,
 )
 from scrapy_proxy_shard.engine.store_gateway import _Gateway
@@ -125,7 +126,7 @@ class _StoreBase(_Leasing, _Admin, _Views, _Hosts, _Tiers, _Gateway, _Calls):
     ) -> None:
         self.client = client
         self.namespace = keys.check_name("namespace", namespace)
-        self.host_id = host_id
+        self.host_id = _name(host_id, "host_id")
         self.bans_options = bans or BanOptions()
         self.ewma_alpha = ewma_alpha
         self._random = random_source
@@ -152,6 +153,8 @@ class _StoreBase(_Leasing, _Admin, _Views, _Hosts, _Tiers, _Gateway, _Calls):
         self._busy_retries = 0  # retries in the current episode
         #: A site's state (its ready slots) expires this long after its last hold ends.
         self.site_idle_ms = _ms(site_idle_ttl, "site_idle_ttl")
+        if self.site_idle_ms < 1000:
+            raise ValueError(f"site_idle_ttl ({site_idle_ttl!r}) must be at least 1 second")
         #: The site circuit breaker's options per site (None: off), as release.lua's packed argument.
         self._breakers = breakers
         # Per-call work done once (the hot path: lease + release, see ``_call_keys``).

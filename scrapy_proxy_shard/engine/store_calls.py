@@ -30,6 +30,11 @@ MAX_IN_DOUBT = 10_000
 #: Longest time argument the scripts accept (366 days, MAX_MS in lua/_lib.lua); checked here first so a
 #: bad value is a clear ValueError naming the argument rather than a Redis error reply.
 MAX_SECONDS = 366 * 86400.0
+MAX_MS = 366 * 86400 * 1000
+#: Slots per proxy and site the scripts take (MAX_CONCURRENCY in lua/_lib.lua).
+MAX_CONCURRENCY = 1000
+#: Longest site, host or session id the scripts keep in their records, in bytes.
+MAX_NAME_BYTES = 200
 REASON_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789_-:.")
 #: Pause before resending a request Redis answered BUSY or LOADING: BUSY_BASE x 2^(attempt-1), at most
 #: BUSY_CAP, of which a random half is jitter (so hosts that met the same stall do not retry in step).
@@ -304,6 +309,26 @@ def _ms(seconds: float, name: str = "time") -> int:
             _MS.clear()
         _MS[seconds] = ms
     return ms
+
+
+def _name(value: str, what: str, empty: bool = False) -> str:
+    """A site, host or session id as the scripts keep it: 1 to 200 bytes (0 to 200 with ``empty``).
+    The hot path's scripts trust their arguments (lease.lua, release.lua): every one is checked here."""
+    n = len(value)
+    if (n > MAX_NAME_BYTES // 4 and len(value.encode()) > MAX_NAME_BYTES) or (not n and not empty):
+        shown = value if n <= 40 else value[:40] + "..."
+        raise ValueError(f"{what} ({shown!r}) must be {0 if empty else 1} to {MAX_NAME_BYTES} bytes")
+    return value
+
+
+def _latency_ms(seconds: float) -> int:
+    """A response's latency as release.lua takes it: whole ms, a negative one as 0."""
+    ms = seconds * 1000.0
+    if 0.0 <= ms <= MAX_MS:
+        return round(ms)
+    if ms < 0.0:
+        return 0
+    raise ValueError(f"latency ({seconds!r}) must be a finite number of seconds up to {MAX_SECONDS:g}")
 
 
 def _is_busy(exc: Exception) -> bool:

@@ -11,7 +11,18 @@ from scrapy_proxy_shard.engine.gateway import gateway_id
 from scrapy_proxy_shard.engine.pacing import AutothrottleOptions
 from scrapy_proxy_shard.engine.records import Lease, LeaseWait, ReleaseResult
 from scrapy_proxy_shard.engine.store_admin import MIGRATE_WARMUP
-from scrapy_proxy_shard.engine.store_calls import CACHE_ENTRIES, Plan, _Command, _Continue, _ms, _reason, _Script
+from scrapy_proxy_shard.engine.store_calls import (
+    CACHE_ENTRIES,
+    MAX_CONCURRENCY,
+    Plan,
+    _Command,
+    _Continue,
+    _latency_ms,
+    _ms,
+    _name,
+    _reason,
+    _Script,
+)
 from scrapy_proxy_shard.exceptions import PoolBackendError, UnknownPoolError
 
 OUTCOMES = ("ok", "error", "ban", "dead", "unknown")
@@ -19,6 +30,14 @@ OUTCOMES = ("ok", "error", "ban", "dead", "unknown")
 _NO_FACTOR = repr(1.0)
 #: Ban reasons of a failed content check (a page that answered 2xx without what the spider needs).
 CONTENT_REASONS = frozenset({"missing_css", "small_body"})
+
+
+def _share(value: float) -> str:
+    """release.lua ARGV[29], a share from 0 to 1 (the scripts trust their arguments)."""
+    share = float(value)
+    if not 0.0 <= share <= 1.0:
+        raise ValueError(f"margin_prior ({value!r}) must be a share from 0 to 1")
+    return repr(share)
 
 
 def _ban_kind(outcome: str, reason: str | None, rate: bool) -> int:
@@ -51,8 +70,16 @@ class _Leasing:
     def _lease_request(self, pool, site, ttl, concurrency, session_id, session_ttl, spacing=0.0) -> _Script:
         token = self._token()
         session = session_id or ""
-        return _Script("lease", self._call_keys("lease", self.prefix(pool), site, session, token), (
-            site, int(concurrency), _ms(ttl, "ttl"), token, self.host_id, session,
+        slots = int(concurrency)
+        ttl_ms = _ms(ttl, "ttl")
+        if not 1 <= slots <= MAX_CONCURRENCY or ttl_ms < 1:  # lease.lua trusts its arguments
+            if ttl_ms < 1:
+                raise ValueError(f"ttl ({ttl!r}) must be at least 1 ms")
+            raise ValueError(f"concurrency ({concurrency!r}) must be a whole number from 1 to {MAX_CONCURRENCY}")
+        if session:
+            _name(session, "session id")
+        return _Script("lease", self._call_keys("lease", self.prefix(pool), _name(site, "site"), session, token), (
+            site, slots, ttl_ms, token, self.host_id, session,
             _ms(max(session_ttl, ttl), "session_ttl"), self.site_idle_ms, _ms(spacing, "spacing"),
         ))
 
@@ -178,12 +205,12 @@ class _Leasing:
         site = lease.site
         return _Script("release", self._call_keys("release", self.prefix(lease.pool), site, session, token), (
             site, lease.member, token, outcome,
-            -1 if latency is None else max(0, round(latency * 1000)),
+            -1 if latency is None else _latency_ms(latency),
             interval, self.host_id, session,
             _ms(max(session_ttl, 0.001)), _reason(reason or outcome), *ban_args,
             repr(float(self.ewma_alpha)), _ms(rest_after_response, "rest_after_response"),
             self._breaker_arg(site), self.site_idle_ms, *pace_args, told,
-            *self._guard_args(arrival_guard), repr(float(margin_prior)), gateway_id(lease.exit_session),
+            *self._guard_args(arrival_guard), _share(margin_prior), gateway_id(lease.exit_session),
         ))
 
     @staticmethod
