@@ -32,6 +32,14 @@ _NO_FACTOR = repr(1.0)
 CONTENT_REASONS = frozenset({"missing_css", "small_body"})
 
 
+def _gateway_arg(session: str) -> str:
+    """release.lua ARGV[30]: a gateway slot's id ("gw" when its mark does not parse: lease.lua marked the
+    slot busy from its URL all the same), "" for any other proxy."""
+    if not session.startswith("gw."):
+        return ""
+    return gateway_id(session) or "gw"
+
+
 def _share(value: float) -> str:
     """release.lua ARGV[29], a share from 0 to 1 (the scripts trust their arguments)."""
     share = float(value)
@@ -210,7 +218,7 @@ class _Leasing:
             _ms(max(session_ttl, 0.001)), _reason(reason or outcome), *ban_args,
             repr(float(self.ewma_alpha)), _ms(rest_after_response, "rest_after_response"),
             self._breaker_arg(site), self.site_idle_ms, *pace_args, told,
-            *self._guard_args(arrival_guard), _share(margin_prior), gateway_id(lease.exit_session),
+            *self._guard_args(arrival_guard), _share(margin_prior), _gateway_arg(lease.exit_session),
         ))
 
     @staticmethod

@@ -216,6 +216,47 @@ local function held_by(value)
   return host or '', sid or ''
 end
 
+-- Leases (lease.lua; defined here so the Functions library defines them once, not at every call).
+-- A gateway slot (URL mark #session=gw.<gid>.<k>...) serves one request at a time across all sites:
+-- the ms until its request on another site ends (0: free, or not a gateway slot).
+local function gw_busy(id, url, now)
+  if not string.find(url, '#session=gw.', 1, true) then return 0 end
+  local v = redis.call('HGET', K_GWBUSY, id)
+  local u = v and tonumber(string.match(v, '|(%d+)$'))
+  if u and u > now then return u - now end
+  return 0
+end
+local function gw_take(id, url, token, until_ms, ttl_ms)
+  if string.find(url, '#session=gw.', 1, true) then
+    redis.call('HSET', K_GWBUSY, id, token .. '|' .. istr(until_ms))
+    -- the hash outlives its longest lease, no more: a record a dead holder left goes with it
+    if redis.call('PTTL', K_GWBUSY) < ttl_ms then redis.call('PEXPIRE', K_GWBUSY, ttl_ms) end
+  end
+end
+
+-- Whether some slot of the site is held now (a live lease or sticky session record in K_SITE): its
+-- release may free a slot before the earliest ready score. A site hash of more than HELD_SCAN fields
+-- counts as held unread (the WAIT stays a plain one): the check is bounded.
+local HELD_SCAN = 66
+local function any_held(at)
+  local n = redis.call('HLEN', K_SITE)
+  if n <= 2 then return false end  -- 'c' and 'seq' only
+  if n > HELD_SCAN then return true end
+  local h = redis.call('HGETALL', K_SITE)
+  for i = 1, #h, 2 do
+    local f = h[i]
+    if f ~= 'c' and f ~= 'seq' and string.sub(f, -1) ~= '^' and live_record(h[i + 1], at) then return true end
+  end
+  return false
+end
+
+-- Count a lease; true when the site's counters hash was (likely) just created: it has no expiry yet.
+local function count_lease(id, host)
+  redis.call('HINCRBY', K_PSTATS, id .. ':l', 1)
+  redis.call('HINCRBY', K_HSTATS, host .. ':l', 1)
+  return redis.call('HINCRBY', K_SITESTATS, 'l', 1) == 1
+end
+
 -- Until when a ban entry's value ("until_ms|strikes|reason|since") holds (0 for none).
 local function entry_until(v)
   if not v then return 0 end
@@ -310,14 +351,22 @@ end
 -- nothing; P:siteidx lists live sites by that expiry. The ready ZSET and the site hash are created in
 -- the call that first touches the site and always get the same expiry; the counters hash is checked
 -- too (first written by a call that does not touch the site, it may carry another keep time: see
--- site_stat). Refreshed only when a quarter of the idle time has been used up (two PTTLs on most calls). Every call that starts or extends a
--- hold calls it, so a site's state (its held records with it) never expires while a slot is held.
-local function touch_site(site, until_ms, idle, now)
+-- site_stat). Refreshed only when a quarter of the idle time has been used up. Every call that starts or
+-- extends a hold calls it, so a site's state (its held records with it) never expires while a slot is
+-- held. The site hash keeps when the keys expire (field 'x', ms, written at each refresh): a caller that
+-- read it (`deadline`: a lease, by ensure_site's read of the hash) saves the two PTTLs otherwise read.
+local function touch_site(site, until_ms, idle, now, deadline)
   local want = until_ms - now + idle
-  local left = redis.call('PTTL', K_READY)
-  local counted = redis.call('PTTL', K_SITESTATS)  -- -2: no counter yet (nothing to expire)
-  if counted ~= -2 and counted < left then left = counted end
+  local left
+  if deadline then
+    left = deadline - now
+  else
+    left = redis.call('PTTL', K_READY)
+    local counted = redis.call('PTTL', K_SITESTATS)  -- -2: no counter yet (nothing to expire)
+    if counted ~= -2 and counted < left then left = counted end
+  end
   if left >= 0 and left > want - math.floor(idle / 4) then return end
+  redis.call('HSET', K_SITE, 'x', istr(now + want))  -- before the PEXPIREs: never a hash without expiry
   redis.call('PEXPIRE', K_READY, want)
   redis.call('PEXPIRE', K_SITE, want)
   redis.call('PEXPIRE', K_SITESTATS, want)
@@ -332,10 +381,11 @@ end
 -- Make sure the site exists and learn one page of proxies it has not seen (called again for one
 -- more page when nothing learnt so far is free); `pool_seq` is the pool's add number (P:meta seq,
 -- read by pool_layout). Returns the site's
--- slots per proxy and whether it has seen every proxy. A site whose cursor is ahead of the pool
--- (the pool was lost and restored while the site's state survived) starts learning again.
+-- slots per proxy, whether it has seen every proxy and when its keys expire (see touch_site; nil when
+-- not known). A site whose cursor is ahead of the pool (the pool was lost and restored while the
+-- site's state survived) starts learning again.
 local function ensure_site(site, concurrency, now, pool_seq)
-  local h = redis.call('HMGET', K_SITE, 'c', 'seq')
+  local h = redis.call('HMGET', K_SITE, 'c', 'seq', 'x')
   local c, seq = tonumber(h[1]), tonumber(h[2]) or 0
   if not c then
     c = concurrency
@@ -345,7 +395,7 @@ local function ensure_site(site, concurrency, now, pool_seq)
   elseif seq > pool_seq then
     seq = 0
   end
-  return c, learn(site, c, seq, pool_seq, now)
+  return c, learn(site, c, seq, pool_seq, now), tonumber(h[3])
 end
 
 -- Push every slot of a proxy on the call's site to at least `until_ms` (XX: never re-adds a removed

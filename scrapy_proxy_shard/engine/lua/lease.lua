@@ -62,21 +62,6 @@ end
 local SKIPS_PER_CALL = 32
 local RECHECK_MS = 30000
 local GW_RECHECK_MS = 50
--- ms until a gateway slot's request on another site ends (0: free, or not a gateway slot).
-local function gw_busy(id, url, now)
-  if not string.find(url, '#session=gw.', 1, true) then return 0 end
-  local v = redis.call('HGET', K_GWBUSY, id)
-  local u = v and tonumber(string.match(v, '|(%d+)$'))
-  if u and u > now then return u - now end
-  return 0
-end
-local function gw_take(id, url, token, until_ms, ttl_ms)
-  if string.find(url, '#session=gw.', 1, true) then
-    redis.call('HSET', K_GWBUSY, id, token .. '|' .. istr(until_ms))
-    -- the hash outlives its longest lease, no more: a record a dead holder left goes with it
-    if redis.call('PTTL', K_GWBUSY) < ttl_ms then redis.call('PEXPIRE', K_GWBUSY, ttl_ms) end
-  end
-end
 local site = ARGV[1]
 local concurrency = tonumber(ARGV[2])
 local ttl = tonumber(ARGV[3])
@@ -97,28 +82,6 @@ if redis.call('EXISTS', K_BREAKER) == 1 then  -- no key: closed (the breaker hel
   --@lazy breaker_gate
   breaker_wait, probing = breaker_gate(site, now)
   if breaker_wait then return breaker_wait end
-end
-
--- Whether some slot of the site is held now (a live lease or sticky session record in K_SITE): its
--- release may free a slot before the earliest ready score. A site hash of more than HELD_SCAN fields
--- counts as held unread (the WAIT stays a plain one): the check is bounded.
-local HELD_SCAN = 66
-local function any_held(at)
-  local n = redis.call('HLEN', K_SITE)
-  if n <= 2 then return false end  -- 'c' and 'seq' only
-  if n > HELD_SCAN then return true end
-  local h = redis.call('HGETALL', K_SITE)
-  for i = 1, #h, 2 do
-    local f = h[i]
-    if f ~= 'c' and f ~= 'seq' and string.sub(f, -1) ~= '^' and live_record(h[i + 1], at) then return true end
-  end
-  return false
-end
-
-local function count_lease(id)
-  redis.call('HINCRBY', K_PSTATS, id .. ':l', 1)
-  redis.call('HINCRBY', K_HSTATS, host .. ':l', 1)
-  redis.call('HINCRBY', K_SITESTATS, 'l', 1)
 end
 
 if sid ~= '' then
@@ -142,7 +105,7 @@ if sid ~= '' then
       -- Not below an overlap floor (see floor_field): the session may lapse before it.
       local hold = not_before_floor(now + session_ttl, redis.call('HGET', K_SITE, floor_field(member)))
       redis.call('ZADD', ready, 'XX', hold, member)
-      count_lease(id)  -- before touch_site: the site's counters expire with it from their first write
+      count_lease(id, host)  -- before touch_site: the site's counters expire with it from their first write
       touch_site(site, now + session_ttl, idle, now)
       if probing then
         --@lazy breaker_probe_taken
@@ -169,8 +132,8 @@ if sid ~= '' then
   end
 end
 
-local site_c, built = ensure_site(site, concurrency, now, pool_seq)
-local found = redis.call('ZRANGEBYSCORE', ready, '-inf', now, 'LIMIT', 0, 1)
+local site_c, built, deadline = ensure_site(site, concurrency, now, pool_seq)
+local found = redis.call('ZRANGEBYSCORE', ready, '-inf', now_str, 'LIMIT', 0, 1)
 if #found == 0 and built and redis.call('EXISTS', ready) == 0 then
   -- The site's ready set is gone while its hash says every proxy was learnt (the set was evicted, or
   -- a partial restore brought back one key and not the other): learn the pool again from the start
@@ -180,6 +143,7 @@ if #found == 0 and built and redis.call('EXISTS', ready) == 0 then
 end
 if #found == 0 and not built then  -- still learning: the free ones may be unlearnt: one more page
   site_c, built = ensure_site(site, concurrency, now, pool_seq)
+  deadline = nil  -- the ready set may be new: read the expiries
   found = redis.call('ZRANGEBYSCORE', ready, '-inf', now, 'LIMIT', 0, 1)
 end
 local url = nil
@@ -258,8 +222,9 @@ if c > 1 then
     redis.call('ZADD', ready, 'XX', 'GT', unpack(others))
   end
 end
-count_lease(id)  -- before touch_site: the site's counters expire with it from their first write
-touch_site(site, hold, idle, now)
+-- before touch_site: the site's counters expire with it from their first write
+if count_lease(id, host) then deadline = nil end
+touch_site(site, hold, idle, now, deadline)
 if probing then
   --@lazy breaker_probe_taken
   breaker_probe_taken(token, now + ttl)

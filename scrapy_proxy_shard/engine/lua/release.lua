@@ -48,8 +48,9 @@
 --          slower than the quickest the caller has seen can have arrived that much late; see
 --          crawl/arrival.py). Without a floor (the caller's first use of the proxy on the site: new
 --          connections) by now - start: this release is the only sure bound on the arrival
--- ARGV[30] (optional) the gateway id of a gateway slot (engine/gateway.py), or "": an "ok" through it
---          forgets the gateway's rotations on the site (a fresh IP worked there)
+-- ARGV[30] the gateway id of a gateway slot (engine/gateway.py; "gw" for a slot marked #session=gw.
+--          whose id does not parse), or "": only then is the slot's record in gwbusy removed, and an
+--          "ok" through it forgets the gateway's rotations on the site (a fresh IP worked there)
 -- ARGV[29] (optional) the path margin a fixed interval starts with, as a share of it (at most 20 ms)
 --          until the site teaches one (see site_learn); 0 or absent: none
 -- Replies:
@@ -92,8 +93,10 @@ if ARGV[8] ~= '' or not held_with(live_record(record, now), token) then
   if earlier then return earlier end
 end
 
-local gw = redis.call('HGET', K_GWBUSY, id_of(member))
-if gw and string.sub(gw, 1, #token + 1) == token .. '|' then redis.call('HDEL', K_GWBUSY, id_of(member)) end
+if ARGV[30] ~= '' then  -- a gateway slot: its record of a request in flight goes (see gw_take)
+  local gw = redis.call('HGET', K_GWBUSY, id_of(member))
+  if gw and string.sub(gw, 1, #token + 1) == token .. '|' then redis.call('HDEL', K_GWBUSY, id_of(member)) end
+end
 
 local latency = tonumber(ARGV[5])
 local interval = tonumber(ARGV[6])
