@@ -20,7 +20,8 @@
 --                               PROXY_SHARD_SITE_IDLE_TTL after the site's last hold ends
 --   P:session:<site>:<sid> HASH p=id m=member t=use token busy=ms next=ms n=uses rb=rebinds; PX TTL
 --   P:bans               HASH   "<site>|<id>" (site "*" = proxy-wide) -> "until_ms|strikes|reason|since"
---   P:banidx             ZSET   "<site>|<id>" -> ms after which the entry (and its strikes) is forgotten
+--   P:banidx             ZSET   "<site>|<id>" -> ms after which the entry (and its strikes) is forgotten;
+--                               both keys expire with their latest entry (bans_expire)
 --   P:pstats             HASH   "<id>:<counter>" per proxy (l leases, ok, err, ban = quarantines
 --                               started, lat = EWMA ms)
 --   P:hstats             HASH   "<host>:<counter>" per host (l, ok, err, banned = responses judged a ban,
@@ -186,6 +187,19 @@ local BIG_HASH = 64
 local function as_table(key)
   redis.call('HSET', key, '~encoding~', string.rep('~', 2048))
   redis.call('HDEL', key, '~encoding~')
+end
+
+-- A site's hash holds one record per slot in use: it grows with the crawl's concurrency on the site,
+-- and a site touched a few times should stay a small listpack (a hashtable costs ~200 B more). A
+-- release checks its size now and then (1 in 8, by the Redis clock's ms) until it converted it (field
+-- ht; forgotten at each refresh of the site's expiry, so a restart that loaded it back as a listpack is
+-- caught within a quarter of the idle TTL). `ht` is the field as the release read it.
+local function site_as_table(ht, now)
+  if ht or now % 8 ~= 0 then return end
+  if redis.call('HLEN', K_SITE) > BIG_HASH then
+    as_table(K_SITE)
+    redis.call('HSET', K_SITE, 'ht', '1')
+  end
 end
 
 -- Integer as a decimal string (tostring would switch to exponent notation for big numbers).
@@ -367,6 +381,7 @@ local function touch_site(site, until_ms, idle, now, deadline)
   end
   if left >= 0 and left > want - math.floor(idle / 4) then return end
   redis.call('HSET', K_SITE, 'x', istr(now + want))  -- before the PEXPIREs: never a hash without expiry
+  redis.call('HDEL', K_SITE, 'ht')  -- (its encoding is checked again: see site_as_table)
   redis.call('PEXPIRE', K_READY, want)
   redis.call('PEXPIRE', K_SITE, want)
   redis.call('PEXPIRE', K_SITESTATS, want)
@@ -390,7 +405,6 @@ local function ensure_site(site, concurrency, now, pool_seq)
   if not c then
     c = concurrency
     redis.call('HSET', K_SITE, 'c', c, 'seq', 0)
-    if pool_seq * c > BIG_HASH then as_table(K_SITE) end  -- one held record per slot in use
     seq = 0
   elseif seq > pool_seq then
     seq = 0
@@ -416,6 +430,21 @@ local function pool_layout()
   local m = redis.call('HMGET', K_META, 'layout', 'seq')
   if m[1] == '3' then return false, tonumber(m[2]) or 0 end
   return m[2] ~= false or redis.call('EXISTS', K_META) == 1, tonumber(m[2]) or 0
+end
+
+-- P:bans and P:banidx live as long as their latest entry (the highest forget time in the index), no
+-- longer: once every quarantine and strike window of a crawl has passed, nothing of them stays (an
+-- entry's own removal, forget_old_bans below, needs later bans to run). Every writer of an entry calls
+-- it after writing (`bans`, `idx`: those two keys, as the caller declares them).
+local function bans_expire(bans, idx, now)
+  local last = redis.call('ZRANGE', idx, -1, -1, 'WITHSCORES')
+  if #last == 0 then return end
+  local want = math.floor(tonumber(last[2]) - now) + 1000
+  if want < 1000 then want = 1000 end
+  if redis.call('PTTL', idx) < want then  -- no expiry yet (-1) too
+    redis.call('PEXPIRE', idx, want)
+    redis.call('PEXPIRE', bans, want)
+  end
 end
 
 -- Forget ban entries whose strike window has passed (bounded work per call keeps memory bounded).
@@ -479,6 +508,7 @@ local function ban(scope, id, reason, base_ms, max_ms, jitter, window_ms, now, f
     site_stat('ban:' .. reason)
   end
   forget_old_bans(now)
+  bans_expire(K_BANS, K_BANIDX, now)
   return until_ms, strikes, 1
 end
 
@@ -769,7 +799,10 @@ end
 --          that changed nothing, floors lowered (counters)
 -- The same hash holds what every mode learns from the site's answers (see site_learn below):
 --   rest, p:<id>, and the path margin mg, mgs, mge, mgr, mgb, widen.
-local PACE_KEEP_MS = 7 * 86400000  -- a site's learned pace is forgotten a week after its last release
+-- A site's learned pace is forgotten a week after its last release; a pace that learned nothing (the
+-- interval it started from, nothing known to fail: a site touched a few times) goes with the site's
+-- state, PROXY_SHARD_SITE_IDLE_TTL after its last release, like everything else of a site.
+local PACE_KEEP_MS = 7 * 86400000
 local PACE_UP = 1.5          -- a raise: interval x 1.5 (capped at the maximum),
 local PACE_UP_FIRM = 1.1     -- ... x 1.1 from a firm interval (PACE_LONE_RUN clean answers in a row)
 local PACE_DOWN = 0.8       -- a probe tries interval x 0.8, never below the floor nor the minimum,
@@ -939,13 +972,16 @@ local function pace_release(site, id, start, outcome, rate, start_ms, min_ms, ma
       event = 'skip'
     end
   end
-  if probe ~= '' and probe == id then return piv, event, iv end
-  return iv, event, iv
+  -- whether the site taught something worth a week (see PACE_KEEP_MS): an interval other than the one
+  -- it started from, or one known to fail
+  local learned = bad > 0 or math.abs(iv - start_ms) >= 0.001
+  if probe ~= '' and probe == id then return piv, event, iv, learned end
+  return iv, event, iv, learned
 end
 
 -- ==== What every mode learns from a site's answers (release.lua, before pacing; docs/pacing.md) ====
 -- In P:pace:<site> (kept after its last write for the site's idle TTL, or PACE_KEEP_MS with adaptive
--- pacing, whose learned interval outlives restarts):
+-- pacing once it learned something, whose learned interval outlives restarts):
 --   p:<id> the proxy's last answer on the site: 'c' clean, 'f<ms>' a brief (rate-type) quarantine of that
 --          length after clean answers ('g<ms>': without any clean answer before, e.g. a 429 on first
 --          contact), 'b' a hard block. A rate-type ban (kind 1) and any ban after a clean answer or a brief

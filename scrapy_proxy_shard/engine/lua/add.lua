@@ -57,5 +57,6 @@ for i = 3, #ARGV, 3 do
   end
   if tags ~= '' then redis.call('HSET', K_TAGS, id, tags) else redis.call('HDEL', K_TAGS, id) end
 end
+if mode == 'restore' and warm > 0 then bans_expire(K_BANS, K_BANIDX, now) end
 if added > 0 and redis.call('HLEN', K_PROXIES) > BIG_HASH then as_table(K_PROXIES) end  -- read per lease
 return {'OK', added, updated, unpack(replaced)}

@@ -92,6 +92,7 @@ elseif step == 'rekey' then
       end
     end
   end
+  bans_expire(KEYS[5], KEYS[6], now)
 elseif step == 'done' then
   redis.call('DEL', KEYS[2], KEYS[3])
   redis.call('HSET', KEYS[1], 'layout', '3')

@@ -82,9 +82,10 @@ local site, member, token, outcome = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 -- more than one the proxy's latest start and the spacing leases keep between its slots (see ip_field),
 -- read once.
 local held_now = redis.call('HMGET', K_SITE, member, floor_field(member), 'c', ip_field(id_of(ARGV[2]) or ''),
-  IP_SPACING)
+  IP_SPACING, 'ht')
 local record = held_now[1]
 local now, now_str = now_ms()
+site_as_table(held_now[6], now)
 -- A plain release whose record is still live and its own has not run before (a first run would have
 -- deleted it, and only the lease with this token writes one): only the others look for a memo.
 if ARGV[8] ~= '' or not held_with(live_record(record, now), token) then
@@ -116,7 +117,9 @@ local adaptive = ARGV[19] == '1'
 local fixed = interval
 if adaptive then fixed = 0 end
 local learn_keep = tonumber(ARGV[18])  -- what the site taught lives as long as its state, or a week
-if adaptive then learn_keep = PACE_KEEP_MS end
+local learn_keep_idle = learn_keep  -- (a sticky session's slot is held a session TTL longer)
+if ARGV[8] ~= '' then learn_keep_idle = learn_keep + tonumber(ARGV[9]) end
+if adaptive then learn_keep = PACE_KEEP_MS end  -- (then set by what the pace learned, below)
 local last_answer, site_rest, margin, margin_event = site_learn(site, id, answer_start, outcome, kind,
   tonumber(ARGV[25]), fixed, learn_keep, tonumber(ARGV[29]) or 0, now)
 local pace_iv, pace_event = '', ''
@@ -125,11 +128,14 @@ if adaptive then
   -- a vote against the pace: a rate-type ban, or a block right after a clean answer
   local rate = kind == 1 or (kind >= 2 and last_answer == 'c')
   local paced, learned
-  paced, pace_event, learned = pace_release(site, id, answer_start, outcome, rate,
+  local kept
+  paced, pace_event, learned, kept = pace_release(site, id, answer_start, outcome, rate,
     tonumber(ARGV[20]), tonumber(ARGV[21]), tonumber(ARGV[22]), last_answer, now)
   interval = math.floor(paced * tonumber(ARGV[23]) + 0.5)
   pace_iv = pace_ms(learned)
-  redis.call('PEXPIRE', K_PACE, PACE_KEEP_MS)  -- a learned pace outlives restarts, not a dead site
+  -- a learned pace outlives restarts, not a dead site; one that learned nothing goes with the site
+  if not kept then learn_keep = learn_keep_idle end
+  redis.call('PEXPIRE', K_PACE, learn_keep)
 elseif interval > 0 then
   interval = interval + math.floor(margin + 0.5)
 end
