@@ -542,6 +542,11 @@ def table(headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def median_range(values: list[float], digits: int = 1) -> str:
+    """A figure measured over several rounds: its median and, in brackets, its range."""
+    return f"{statistics.median(values):.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
+
+
 def n0(value: float) -> str:
     return f"{value:,.0f}"
 
@@ -639,7 +644,7 @@ def main(argv: list[str] | None = None) -> int:
         values = [v for r in runs for v in r[mode][op_index[op]].per_process]
         return f"{n0(min(values))}-{n0(max(values))}"
 
-    print("scrapy-proxy-shard engine benchmark (benchmarks/bench_engine.py)")
+    print(f"scrapy-proxy-shard engine benchmark (benchmarks/bench_engine.py), {time.strftime('%Y-%m-%d %H:%M %Z')}")
     print(f"  redis-server {version} (malloc {malloc}), python {platform.python_version()}, redis-py "
           f"{redis.__version__}, {cpus} CPUs, {platform.system()} {platform.release()}; engine {revision}")
     print(f"  lease and release called by {hot_path}")
@@ -760,13 +765,14 @@ def main(argv: list[str] | None = None) -> int:
 
     print("\nRedis time per lease + release (INFO commandstats, us), ours vs the two-script ZSET reference "
           "(see the\n  docstring), interleaved round by round; ratio: median over the rounds of ours / the reference "
-          "in the same round")
+          f"in the same round;\n  each figure: median (min-max) over the {len(trivial_cost.round_usec)} rounds")
     trivial_us = trivial_cost.usec_per_call
     rows, checks = [], []
     for size in sizes:
         ours, ref = cycle_usec(costs[size]), cycle_usec(reference[size])
-        ratio = statistics.median(a / b for a, b in zip(ours, ref, strict=True))
-        rows.append([n0(size), f"{statistics.median(ours):.1f}", f"{statistics.median(ref):.1f}", f"{ratio:.2f}",
+        ratios = [a / b for a, b in zip(ours, ref, strict=True)]
+        ratio = statistics.median(ratios)
+        rows.append([n0(size), median_range(ours), median_range(ref), median_range(ratios, 2),
                      f"{statistics.median(ours) / (2 * trivial_us):.2f}",
                      f"{statistics.median(ref) / (2 * trivial_us):.2f}"])
         ok = ratio <= REFERENCE_TARGET
@@ -780,10 +786,10 @@ def main(argv: list[str] | None = None) -> int:
         rows = []
         for size in sizes:
             fcall, evalsha = cycle_usec(costs[size]), cycle_usec(by_evalsha[size])
-            ratio = statistics.median(a / b for a, b in zip(fcall, evalsha, strict=True))
+            ratios = [a / b for a, b in zip(fcall, evalsha, strict=True)]
             ref = statistics.median(cycle_usec(reference[size]))
-            rows.append([n0(size), f"{statistics.median(evalsha):.1f}", f"{statistics.median(fcall):.1f}",
-                         f"{ratio:.2f}", f"{statistics.median(evalsha) / ref:.2f}"])
+            rows.append([n0(size), median_range(evalsha), median_range(fcall),
+                         median_range(ratios, 2), f"{statistics.median(evalsha) / ref:.2f}"])
         print(table(["pool size", "EVALSHA us", "FCALL us", "FCALL / EVALSHA", "EVALSHA / reference"], rows))
     ref_us = statistics.median(statistics.median(cycle_usec(reference[size])) for size in sizes)
     issue_mid = sum(ISSUE_REFERENCE_US) / 2
