@@ -33,50 +33,66 @@ BURNT = "127.0.0.41"  # the gateway's first address
 PASSWORD = "Gw-Secr3t"
 
 
+class GatewayRun:
+    """One run: the local site, the local gateway and ``hosts`` ``scrapy crawl shop`` processes (one
+    redis-server); what each side recorded, read back after every process has ended."""
+
+    def __init__(self, tmp_path: Path, *, site: list[str], gateway: list[str], lists: dict[str, str],
+                 hosts: int, crawl: list[str]) -> None:
+        children: list[subprocess.Popen] = []
+        server = RedisServer().start()
+        self.state = tmp_path / "gateway.json"
+        try:
+            children.append(_spawn([sys.executable, "-m", "scrapy_proxy_shard.demo.site", "--port", "0",
+                                    "--log", str(tmp_path / "site.log"), "--ready-file", str(tmp_path / "site.ready"),
+                                    "--sites", ",".join(SITES), "--min-interval", "0", "--ban-styles", "403", *site],
+                                   tmp_path / "site.out"))
+            site_port = int(_wait_file(tmp_path / "site.ready", children[-1]).strip())
+            gateway_proc = _spawn([sys.executable, "-m", "scrapy_proxy_shard.demo.gateway_proxy",
+                                   "--site-port", str(site_port), "--password", PASSWORD,
+                                   "--ready-file", str(tmp_path / "gateway.ready"), "--state-file", str(self.state),
+                                   *gateway], tmp_path / "gateway.out")
+            children.append(gateway_proc)
+            template = json.loads(_wait_file(tmp_path / "gateway.ready", gateway_proc))["template"]
+            paths = {}
+            for name, text in lists.items():  # pool -> list file text, {template} replaced
+                (tmp_path / f"{name}.txt").write_text(text.format(template=template))
+                paths[name] = str(tmp_path / f"{name}.txt")
+            crawls = []
+            for n in range(hosts):
+                env = {**os.environ, "PROXY_SHARD_REDIS_URL": server.url,
+                       "STATS_DUMP_FILE": str(tmp_path / f"stats{n}.json")}
+                crawls.append(subprocess.Popen(
+                    [sys.executable, "-m", "scrapy", "crawl", "shop", "-a", f"shard={n}", "-a", f"shards={hosts}",
+                     "-a", f"sites={','.join(SITES)}", "-s", f"PROXY_SHARD_PROXIES_PATH={json.dumps(paths)}",
+                     "-s", "PROXY_SHARD_MIN_INTERVAL=0", "-s", f"PROXY_SHARD_HOST_ID=host-{n}", *crawl,
+                     "--logfile", str(tmp_path / f"crawl{n}.log")],
+                    cwd=PROJECT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            self.codes = [proc.wait(timeout=180) for proc in crawls]
+        finally:
+            for child in reversed(children):
+                _stop(child)
+            server.stop()
+        self.logs = [(tmp_path / f"crawl{n}.log").read_text() for n in range(hosts)]
+        self.tail = "\n---\n".join(text[-2500:] for text in self.logs)
+        assert self.codes == [0] * hosts, self.tail
+        self.stats = [json.loads((tmp_path / f"stats{n}.json").read_text()) for n in range(hosts)]
+        self.seen = json.loads(self.state.read_text())
+        self.site_log = read_log(tmp_path / "site.log")
+
+    def total(self, key: str) -> int:
+        return sum(s.get(key, 0) for s in self.stats)
+
+
 def test_three_hosts_share_one_gateway_without_overlap_and_a_ban_rotates_the_exit(tmp_path, redis_server_env):
-    children: list[subprocess.Popen] = []
-    server = RedisServer().start()
-    state = tmp_path / "gateway.json"
-    try:
-        children.append(_spawn([sys.executable, "-m", "scrapy_proxy_shard.demo.site", "--port", "0",
-                                "--log", str(tmp_path / "site.log"), "--ready-file", str(tmp_path / "site.ready"),
-                                "--sites", ",".join(SITES), "--pages-per-site", str(PAGES), "--latency", "0.25",
-                                "--min-interval", "0", "--ban-styles", "403",
-                                "--burnt", ";".join(f"{site}={BURNT}" for site in SITES)],
-                               tmp_path / "site.out"))
-        site_port = int(_wait_file(tmp_path / "site.ready", children[-1]).strip())
-        gateway = _spawn([sys.executable, "-m", "scrapy_proxy_shard.demo.gateway_proxy", "--site-port", str(site_port),
-                          "--first-ip", BURNT, "--addresses", "16", "--max-concurrency", "6", "--password", PASSWORD,
-                          "--ready-file", str(tmp_path / "gateway.ready"), "--state-file", str(state)],
-                         tmp_path / "gateway.out")
-        children.append(gateway)
-        template = json.loads(_wait_file(tmp_path / "gateway.ready", gateway))["template"]
-        (tmp_path / "dc.txt").write_text(f"# the catalog: 4 sessions\n{template}#sessions=4\n")
-        (tmp_path / "res.txt").write_text(f"{template}#sessions=2\n")
-        paths = json.dumps({"datacenter": str(tmp_path / "dc.txt"), "residential": str(tmp_path / "res.txt")})
-        crawls = []
-        for n in range(HOSTS):
-            env = {**os.environ, "PROXY_SHARD_REDIS_URL": server.url,
-                   "STATS_DUMP_FILE": str(tmp_path / f"stats{n}.json")}
-            crawls.append(subprocess.Popen(
-                [sys.executable, "-m", "scrapy", "crawl", "shop", "-a", f"shard={n}", "-a", f"shards={HOSTS}",
-                 "-a", f"sites={','.join(SITES)}", "-a", f"pages={PAGES}", "-a", "flows=1",
-                 "-s", f"PROXY_SHARD_PROXIES_PATH={paths}", "-s", "PROXY_SHARD_MIN_INTERVAL=0",
-                 "-s", "PROXY_SHARD_MAX_WAIT=40", "-s", f"PROXY_SHARD_HOST_ID=host-{n}",
-                 "-s", "PROXY_SHARD_GATEWAY_EXIT_HEADER=X-Gateway-Exit-IP",
-                 "--logfile", str(tmp_path / f"crawl{n}.log")],
-                cwd=PROJECT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        codes = [proc.wait(timeout=180) for proc in crawls]
-    finally:
-        for child in reversed(children):
-            _stop(child)
-        server.stop()
-    logs = [(tmp_path / f"crawl{n}.log").read_text() for n in range(HOSTS)]
-    tail = "\n---\n".join(text[-2500:] for text in logs)
-    assert codes == [0] * HOSTS, tail
-    stats = [json.loads((tmp_path / f"stats{n}.json").read_text()) for n in range(HOSTS)]
-    seen = json.loads(state.read_text())
-    site_log = read_log(tmp_path / "site.log")
+    run = GatewayRun(tmp_path, site=["--pages-per-site", str(PAGES), "--latency", "0.25",
+                                     "--burnt", ";".join(f"{site}={BURNT}" for site in SITES)],
+                     gateway=["--first-ip", BURNT, "--addresses", "16", "--max-concurrency", "6"],
+                     lists={"datacenter": "# the catalog: 4 sessions\n{template}#sessions=4\n",
+                            "residential": "{template}#sessions=2\n"},
+                     hosts=HOSTS, crawl=["-a", f"pages={PAGES}", "-a", "flows=1", "-s", "PROXY_SHARD_MAX_WAIT=40",
+                                         "-s", "PROXY_SHARD_GATEWAY_EXIT_HEADER=X-Gateway-Exit-IP"])
+    logs, tail, seen, site_log = run.logs, run.tail, run.seen, run.site_log
 
     # through the gateway only, never more requests at once than its 6 sessions
     assert {e["ip"] for e in site_log} <= set(seen["addresses"])
@@ -99,7 +115,7 @@ def test_three_hosts_share_one_gateway_without_overlap_and_a_ban_rotates_the_exi
     later = {ip for ip, t in first_seen.items() if t > bans[0]}
     assert later & {e["ip"] for e in site_log if e["status"] == 200}, first_seen
     assert len(bans) == 1, bans  # rotated at its first ban: the old token never went out again
-    total = {key: sum(s.get(key, 0) for s in stats) for key in (
+    total = {key: run.total(key) for key in (
         "proxy_shard/gateway/rotations", "proxy_shard/gateway/exit_reports", "proxy_shard/gateway/shared_exit",
         "proxy_shard/gateway/cooldown_bans")}
     assert total["proxy_shard/gateway/rotations"] >= 1 and total["proxy_shard/gateway/cooldown_bans"] == 0, total
@@ -115,50 +131,20 @@ def test_three_hosts_share_one_gateway_without_overlap_and_a_ban_rotates_the_exi
 def test_a_site_that_bans_every_fresh_ip_spends_the_rotation_budget_once_for_all_hosts(tmp_path, redis_server_env):
     """shop-b.test has blacklisted all 16 gateway addresses: two hosts together rotate exactly the
     budget (min(5, 4 sessions) = 4) for it, then quarantine; shop-a.test is crawled completely."""
-    children: list[subprocess.Popen] = []
-    server = RedisServer().start()
-    state = tmp_path / "gateway.json"
     addresses = [f"127.0.0.{41 + i}" for i in range(16)]
-    try:
-        children.append(_spawn([sys.executable, "-m", "scrapy_proxy_shard.demo.site", "--port", "0",
-                                "--log", str(tmp_path / "site.log"), "--ready-file", str(tmp_path / "site.ready"),
-                                "--sites", ",".join(SITES), "--pages-per-site", "8", "--latency", "0.2",
-                                "--min-interval", "0", "--ban-styles", "403",
-                                "--burnt", "shop-b.test=" + "+".join(addresses)], tmp_path / "site.out"))
-        site_port = int(_wait_file(tmp_path / "site.ready", children[-1]).strip())
-        gateway = _spawn([sys.executable, "-m", "scrapy_proxy_shard.demo.gateway_proxy", "--site-port", str(site_port),
-                          "--first-ip", addresses[0], "--addresses", "16", "--max-concurrency", "4",
-                          "--password", PASSWORD, "--ready-file", str(tmp_path / "gateway.ready"),
-                          "--state-file", str(state)], tmp_path / "gateway.out")
-        children.append(gateway)
-        template = json.loads(_wait_file(tmp_path / "gateway.ready", gateway))["template"]
-        (tmp_path / "dc.txt").write_text(f"{template}#sessions=4\n")
-        crawls = []
-        for n in range(2):
-            env = {**os.environ, "PROXY_SHARD_REDIS_URL": server.url,
-                   "STATS_DUMP_FILE": str(tmp_path / f"stats{n}.json")}
-            crawls.append(subprocess.Popen(
-                [sys.executable, "-m", "scrapy", "crawl", "shop", "-a", f"shard={n}", "-a", "shards=2",
-                 "-a", f"sites={','.join(SITES)}", "-a", "pages=8", "-a", "flows=0",
-                 "-s", f"PROXY_SHARD_PROXIES_PATH={tmp_path / 'dc.txt'}", "-s", "PROXY_SHARD_MIN_INTERVAL=0",
-                 # short quarantines, no breaker, few ban retries: shop-b's requests give up in seconds and
-                 # the crawl is not closed as exhausted before shop-a is done
-                 "-s", "PROXY_SHARD_BAN_TTL=1", "-s", "PROXY_SHARD_BAN_MAX_TTL=2", "-s", "PROXY_SHARD_BAN_RETRIES=2",
-                 "-s", "PROXY_SHARD_BREAKER_ENABLED=False", "-s", "PROXY_SHARD_PAUSE_HORIZON=60", "-s", "RETRY_TIMES=1",
-                 "-s", f"PROXY_SHARD_HOST_ID=host-{n}", "--logfile", str(tmp_path / f"crawl{n}.log")],
-                cwd=PROJECT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        codes = [proc.wait(timeout=180) for proc in crawls]
-    finally:
-        for child in reversed(children):
-            _stop(child)
-        server.stop()
-    logs = [(tmp_path / f"crawl{n}.log").read_text() for n in range(2)]
-    stats = [json.loads((tmp_path / f"stats{n}.json").read_text()) for n in range(2)]
-    site_log = read_log(tmp_path / "site.log")
-    tail = "\n---\n".join(text[-2500:] for text in logs)
-    assert codes == [0, 0], tail
-    rotated = sum(s.get("proxy_shard/gateway/rotate/rotated", 0) for s in stats)
-    cooled = sum(s.get("proxy_shard/gateway/cooldown_bans", 0) for s in stats)
+    run = GatewayRun(tmp_path, site=["--pages-per-site", "8", "--latency", "0.2",
+                                     "--burnt", "shop-b.test=" + "+".join(addresses)],
+                     gateway=["--first-ip", addresses[0], "--addresses", "16", "--max-concurrency", "4"],
+                     lists={"datacenter": "{template}#sessions=4\n"}, hosts=2,
+                     # short quarantines, no breaker, few ban retries: shop-b's requests give up in seconds and
+                     # the crawl is not closed as exhausted before shop-a is done
+                     crawl=["-a", "pages=8", "-a", "flows=0", "-s", "PROXY_SHARD_BAN_TTL=1",
+                            "-s", "PROXY_SHARD_BAN_MAX_TTL=2", "-s", "PROXY_SHARD_BAN_RETRIES=2",
+                            "-s", "PROXY_SHARD_BREAKER_ENABLED=False", "-s", "PROXY_SHARD_PAUSE_HORIZON=60",
+                            "-s", "RETRY_TIMES=1"])
+    logs, tail, site_log = run.logs, run.tail, run.site_log
+    rotated = run.total("proxy_shard/gateway/rotate/rotated")
+    cooled = run.total("proxy_shard/gateway/cooldown_bans")
     assert rotated == 4 and cooled >= 1, (rotated, cooled, tail)
     assert sum("banned 4 fresh gateway IPs" in text for text in logs) >= 1, tail
     # shop-b met the 4 first addresses and the 4 rotated ones, no more: the plan was not burnt
@@ -167,7 +153,7 @@ def test_a_site_that_bans_every_fresh_ip_spends_the_rotation_budget_once_for_all
     assert len(pages_a) == 8, tail
     overlaps, examples = find_overlaps(site_log)
     assert overlaps == 0, [str(x) for x in examples]
-    assert json.loads(state.read_text())["refused"] == 0
+    assert run.seen["refused"] == 0
     assert all(PASSWORD not in text for text in logs)
 
 
@@ -175,51 +161,20 @@ def test_two_sessions_on_one_exit_ip_are_found_from_the_gateways_header_and_one_
     """The gateway gives its first two sessions one address (``--collide 1``) and reports each
     response's exit IP in ``X-Gateway-Exit-IP``: the crawl counts the shared IP once, rotates one of the
     two slots, and the site sees that address from one session from then on."""
-    children: list[subprocess.Popen] = []
-    server = RedisServer().start()
-    state = tmp_path / "gateway.json"
-    try:
-        children.append(_spawn([sys.executable, "-m", "scrapy_proxy_shard.demo.site", "--port", "0",
-                                "--log", str(tmp_path / "site.log"), "--ready-file", str(tmp_path / "site.ready"),
-                                "--sites", ",".join(SITES), "--pages-per-site", str(PAGES), "--latency", "0.2",
-                                "--min-interval", "0", "--ban-styles", "403", "--burnt", ""], tmp_path / "site.out"))
-        site_port = int(_wait_file(tmp_path / "site.ready", children[-1]).strip())
-        gateway = _spawn([sys.executable, "-m", "scrapy_proxy_shard.demo.gateway_proxy", "--site-port", str(site_port),
-                          "--first-ip", BURNT, "--addresses", "8", "--collide", "1", "--password", PASSWORD,
-                          "--ready-file", str(tmp_path / "gateway.ready"), "--state-file", str(state)],
-                         tmp_path / "gateway.out")
-        children.append(gateway)
-        template = json.loads(_wait_file(tmp_path / "gateway.ready", gateway))["template"]
-        (tmp_path / "dc.txt").write_text(f"{template}#sessions=4\n")
-        crawls = []
-        for n in range(2):
-            env = {**os.environ, "PROXY_SHARD_REDIS_URL": server.url,
-                   "STATS_DUMP_FILE": str(tmp_path / f"stats{n}.json")}
-            crawls.append(subprocess.Popen(
-                [sys.executable, "-m", "scrapy", "crawl", "shop", "-a", f"shard={n}", "-a", "shards=2",
-                 "-a", f"sites={','.join(SITES)}", "-a", f"pages={PAGES}", "-a", "flows=0",
-                 "-s", f"PROXY_SHARD_PROXIES_PATH={tmp_path / 'dc.txt'}", "-s", "PROXY_SHARD_MIN_INTERVAL=0",
-                 "-s", "PROXY_SHARD_GATEWAY_EXIT_HEADER=X-Gateway-Exit-IP", "-s", f"PROXY_SHARD_HOST_ID=host-{n}",
-                 "--logfile", str(tmp_path / f"crawl{n}.log")],
-                cwd=PROJECT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        codes = [proc.wait(timeout=180) for proc in crawls]
-    finally:
-        for child in reversed(children):
-            _stop(child)
-        server.stop()
-    logs = [(tmp_path / f"crawl{n}.log").read_text() for n in range(2)]
-    tail = "\n---\n".join(text[-2500:] for text in logs)
-    assert codes == [0, 0], tail
-    stats = [json.loads((tmp_path / f"stats{n}.json").read_text()) for n in range(2)]
-    seen = json.loads(state.read_text())
+    run = GatewayRun(tmp_path, site=["--pages-per-site", str(PAGES), "--latency", "0.2", "--burnt", ""],
+                     gateway=["--first-ip", BURNT, "--addresses", "8", "--collide", "1"],
+                     lists={"datacenter": "{template}#sessions=4\n"}, hosts=2,
+                     crawl=["-a", f"pages={PAGES}", "-a", "flows=0",
+                            "-s", "PROXY_SHARD_GATEWAY_EXIT_HEADER=X-Gateway-Exit-IP"])
+    logs, tail, seen = run.logs, run.tail, run.seen
     assert seen["shared"] == 1, seen
-    assert sum(s.get("proxy_shard/gateway/shared_exit", 0) for s in stats) == 1, tail
+    assert run.total("proxy_shard/gateway/shared_exit") == 1, tail
     # 4 sessions, one of the two on the shared address rotated; one more when the site banned the shared
     # address for the requests that met on it before the report (its concurrency rule)
-    bans = sum(s.get("proxy_shard/gateway/rotate/rotated", 0) for s in stats)
+    bans = run.total("proxy_shard/gateway/rotate/rotated")
     assert len(seen["sessions"]) == 5 + bans and bans <= 1, (seen, bans)
     assert sum(f"both exit from {BURNT}" in text for text in logs) == 1, tail
-    site_log = read_log(tmp_path / "site.log")
+    site_log = run.site_log
     pages = {(e["site"], e["path"]) for e in site_log if e["kind"] == "page" and e["status"] == 200}
     assert len(pages) == len(SITES) * PAGES, tail
     # what the check cannot undo: the requests that revealed the shared IP may have met on a site
