@@ -23,6 +23,7 @@ from scrapy import Request, Spider
 from scrapy.utils.test import get_crawler
 
 from scrapy_proxy_shard.crawl.runtime import MIN_PAUSE
+from scrapy_proxy_shard.engine.bans import BanOptions
 from scrapy_proxy_shard.engine.keyset import script_keys
 from scrapy_proxy_shard.engine.proxies import make_proxy
 from scrapy_proxy_shard.engine.scripts import register_all
@@ -474,6 +475,15 @@ def test_bad_hot_path_arguments_are_refused_before_any_write(store, backend):
         PoolStore(backend, namespace="t", host_id="")
     with pytest.raises(ValueError, match="site_idle_ttl"):
         PoolStore(backend, namespace="t", host_id="h", site_idle_ttl=0.5)
+    with pytest.raises(ValueError, match="host_id"):
+        PoolStore(backend, namespace="t", host_id="a|b")
+    with pytest.raises(ValueError, match="ewma_alpha"):
+        PoolStore(backend, namespace="t", host_id="h", ewma_alpha=float("nan"))
+    for bad in ({"ttl": 0}, {"jitter": 2.0}, {"max_ttl": float("inf")}, {"strike_window": float("nan")}):
+        with pytest.raises(ValueError, match="BanOptions." + next(iter(bad))):
+            PoolStore(backend, namespace="t", host_id="h", bans=BanOptions(**bad))
+    with pytest.raises(ValueError, match="ban_ttl"):
+        store.release(leased(store.lease(POOL, "a.example", ttl=5)), outcome="ban", ban_ttl=0.0)
 
 
 def test_the_highest_allowed_concurrency_builds_a_site(store):

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from scrapy_proxy_shard.engine.bans import BanOptions
 from scrapy_proxy_shard.engine.pacing import AutothrottleOptions
 from scrapy_proxy_shard.engine.store import Lease, PoolStore
+from scrapy_proxy_shard.exceptions import UnknownPoolError
 
 POOL = "main"
 URLS = [f"http://10.9.0.{i}:3128" for i in range(1, 4)]
@@ -65,3 +68,43 @@ def test_ban_entries_expire_with_the_latest_entry_never_before_it(real_redis):
     for key in ("{t:main}:bans", "{t:main}:banidx"):
         assert left <= real_redis.pttl(key) <= left + 1100, key
     assert real_redis.hlen("{t:main}:bans") == 3 and real_redis.zcard("{t:main}:banidx") == 3
+
+
+def test_a_ready_set_a_lease_creates_again_gets_the_sites_expiry(real_redis):
+    """A lease that learns new proxies may create the site's ready set again (its old members all dropped:
+    their proxies were removed): it must not trust the expiry the site hash remembers for the old set."""
+    store = PoolStore(real_redis, namespace="t", host_id="h", site_idle_ttl=8.0)
+    store.add_proxies(POOL, URLS[:1])
+    store.release(store.lease(POOL, "a.example", ttl=0.5), outcome="ok")
+    store.remove_proxies(POOL, URLS[:1])
+    with pytest.raises(UnknownPoolError):
+        store.lease(POOL, "a.example", ttl=0.5)  # drops the removed proxy's member: the set is gone
+    store.add_proxies(POOL, URLS[1:])
+    assert isinstance(store.lease(POOL, "a.example", ttl=0.5), Lease)
+    assert 0 < real_redis.pttl("{t:main}:ready:a.example") <= 8_500
+
+
+def test_a_learned_pace_keeps_its_week_whatever_a_late_release_says(real_redis):
+    """The pace hash's expiry only moves later: a release that learns nothing (here a stale one, its lease
+    expired and the slot leased again) does not cut a learned interval's week down to the idle TTL."""
+    store = PoolStore(real_redis, namespace="t", host_id="h", site_idle_ttl=60.0)
+    pace = AutothrottleOptions(enabled=True, start_interval=0.05, min_interval=0.01, max_interval=5.0)
+    store.add_proxies(POOL, URLS[:1])
+
+    def take(ttl: float) -> Lease:  # the one slot, once its pacing lets it go
+        for _ in range(100):
+            lease = store.lease(POOL, "a.example", ttl=ttl)
+            if isinstance(lease, Lease):
+                return lease
+            time.sleep(min(lease.wait, 0.05))
+        raise AssertionError("the slot never came back")
+
+    store.release(take(5), outcome="ok", autothrottle=pace)
+    real_redis.hset("{t:main}:pace:a.example", "iv", "300.000")  # as if learned: not its start (50 ms)
+    store.release(take(5), outcome="ok", autothrottle=pace)
+    assert real_redis.pttl("{t:main}:pace:a.example") > 6 * 86_400_000
+    first = take(0.05)
+    time.sleep(0.1)  # past its lease TTL: the slot is leased again once its pacing lets it go
+    take(5)
+    assert store.release(first, outcome="ok", autothrottle=pace).status == "stale"
+    assert real_redis.pttl("{t:main}:pace:a.example") > 6 * 86_400_000

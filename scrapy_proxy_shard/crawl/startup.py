@@ -89,8 +89,9 @@ async def check_eviction(client: Any, where: str, mode: str) -> None:
 
     ``allkeys-*`` may evict the ``proxies`` hash or a site's ready set: leases with no URL, slots
     lost or handed out twice. ``volatile-*`` evicts only keys with a TTL — a site's state (its ready
-    set and the records of its held slots, which expire when the site is idle) and sticky sessions —
-    so a session may change IP and a held slot may be handed out again: a warning.
+    set and the records of its held slots, which expire when the site is idle), sticky sessions and
+    the quarantines (which expire with their latest entry) — so a session may change IP, a held slot
+    may be handed out again and a quarantined proxy come back early: a warning.
     ``maxmemory 0`` means no limit: nothing is evicted whatever the policy.
     """
     try:
@@ -109,7 +110,7 @@ async def check_eviction(client: Any, where: str, mode: str) -> None:
                            f"noeviction), or PROXY_SHARD_REDIS_EVICTION = 'warn' to run anyway")
     logger.warning("proxy_shard: %(p)s (%(what)s); noeviction is recommended",
                    {"p": problem, "what": "proxies, ready sets and bans" if policy.startswith("allkeys")
-                    else "sites' held slots and ready sets, and sticky sessions"})
+                    else "sites' held slots and ready sets, sticky sessions and quarantines"})
 
 
 def check_handlers(crawler: Any) -> None:

@@ -127,7 +127,11 @@ class _StoreBase(_Leasing, _Admin, _Views, _Hosts, _Tiers, _Gateway, _Calls):
         self.client = client
         self.namespace = keys.check_name("namespace", namespace)
         self.host_id = _name(host_id, "host_id")
-        self.bans_options = bans or BanOptions()
+        if "|" in host_id:  # the scripts' records are "|"-separated
+            raise ValueError(f"host_id ({host_id!r}) must not contain '|'")
+        self.bans_options = _checked_bans(bans or BanOptions())
+        if not 0.0 <= float(ewma_alpha) <= 1.0:
+            raise ValueError(f"ewma_alpha ({ewma_alpha!r}) must be a weight from 0 to 1")
         self.ewma_alpha = ewma_alpha
         self._random = random_source
         self._token = token_factory
@@ -163,6 +167,17 @@ class _StoreBase(_Leasing, _Admin, _Views, _Hosts, _Tiers, _Gateway, _Calls):
         self._encode_key = _key_encoder(client)
         self._packed: dict[int, tuple[BreakerOptions, str]] = {}  # id(options) -> (options, packed)
         self._quiet_ban: tuple[BanOptions, tuple] | None = None  # (options, a non-ban release's ban args)
+
+
+def _checked_bans(opts: BanOptions) -> BanOptions:
+    """Quarantine lengths the scripts can hold (release.lua trusts its arguments): every TTL at least 1 ms
+    and at most 366 days, a jitter from 0 to 1, a strike window from 0."""
+    for name in ("ttl", "max_ttl", "dead_ttl", "strike_window"):
+        if _ms(getattr(opts, name), f"BanOptions.{name}") < (0 if name == "strike_window" else 1):
+            raise ValueError(f"BanOptions.{name} ({getattr(opts, name)!r}) must be at least 1 ms")
+    if not 0.0 <= float(opts.jitter) <= 1.0:
+        raise ValueError(f"BanOptions.jitter ({opts.jitter!r}) must be a share from 0 to 1")
+    return opts
 
 
 class PoolStore(_StoreBase):

@@ -67,6 +67,8 @@ class _Admin:
     def _ban_args(self, proxy_wide: bool, ttl: float | None) -> tuple:
         opts = self.bans_options
         base = ttl if ttl is not None else (opts.dead_ttl if proxy_wide else opts.ttl)
+        if ttl is not None and _ms(ttl, "ban_ttl") < 1:  # (the scripts trust their arguments)
+            raise ValueError(f"ban_ttl ({ttl!r}) must be at least 1 ms")
         jitter = -opts.jitter * self._random()  # subtractive: a capped TTL never exceeds the cap
         return _ban_tuple(opts, base, jitter)
 

@@ -402,6 +402,10 @@ end
 local function ensure_site(site, concurrency, now, pool_seq)
   local h = redis.call('HMGET', K_SITE, 'c', 'seq', 'x')
   local c, seq = tonumber(h[1]), tonumber(h[2]) or 0
+  -- the deadline holds only for keys this call does not create: none when learn() may add to (and so
+  -- recreate) the ready set
+  local deadline = tonumber(h[3])
+  if seq ~= pool_seq then deadline = nil end
   if not c then
     c = concurrency
     redis.call('HSET', K_SITE, 'c', c, 'seq', 0)
@@ -409,7 +413,7 @@ local function ensure_site(site, concurrency, now, pool_seq)
   elseif seq > pool_seq then
     seq = 0
   end
-  return c, learn(site, c, seq, pool_seq, now), tonumber(h[3])
+  return c, learn(site, c, seq, pool_seq, now), deadline
 end
 
 -- Push every slot of a proxy on the call's site to at least `until_ms` (XX: never re-adds a removed
@@ -441,10 +445,9 @@ local function bans_expire(bans, idx, now)
   if #last == 0 then return end
   local want = math.floor(tonumber(last[2]) - now) + 1000
   if want < 1000 then want = 1000 end
-  if redis.call('PTTL', idx) < want then  -- no expiry yet (-1) too
-    redis.call('PEXPIRE', idx, want)
-    redis.call('PEXPIRE', bans, want)
-  end
+  -- each key on its own (one may have been deleted and written again since); no expiry yet (-1) too
+  if redis.call('PTTL', idx) < want then redis.call('PEXPIRE', idx, want) end
+  if redis.call('PTTL', bans) < want then redis.call('PEXPIRE', bans, want) end
 end
 
 -- Forget ban entries whose strike window has passed (bounded work per call keeps memory bounded).
@@ -799,7 +802,7 @@ end
 --          that changed nothing, floors lowered (counters)
 -- The same hash holds what every mode learns from the site's answers (see site_learn below):
 --   rest, p:<id>, and the path margin mg, mgs, mge, mgr, mgb, widen.
--- A site's learned pace is forgotten a week after its last release; a pace that learned nothing (the
+-- A site's learned pace is forgotten a week after its last release (5.25 to 7 days: see pace_keep); a pace that learned nothing (the
 -- interval it started from, nothing known to fail: a site touched a few times) goes with the site's
 -- state, PROXY_SHARD_SITE_IDLE_TTL after its last release, like everything else of a site.
 local PACE_KEEP_MS = 7 * 86400000
@@ -857,15 +860,15 @@ end
 -- one proxy); PACE_LONE_RUN clean answers at the pace void a pending vote: a ban that follows clean
 -- answers from other proxies at the same interval points at its proxy, so one bad proxy never raises
 -- the site's interval by itself.
-local function pace_release(site, id, start, outcome, rate, start_ms, min_ms, max_ms, last, now)
+local function pace_release(site, id, start, outcome, rate, start_ms, min_ms, max_ms, last, now, s, o)
   local K = K_PACE
-  local s = redis.call('HMGET', K, 'iv', 'eff', 'run', 'bad', 'vote', 'probe', 'piv', 'pat', 'pn', 'prev',
-    'pend', 'firm', 'pls')
-  local iv, eff = tonumber(s[1]), tonumber(s[2])
-  local run, bad, vote = tonumber(s[3]) or 0, tonumber(s[4]) or 0, s[5] or ''
-  local probe, piv, pat, pn = s[6] or '', tonumber(s[7]) or 0, tonumber(s[8]) or 0, tonumber(s[9]) or 0
-  local prev, pend = tonumber(s[10]), tonumber(s[11]) or 0
-  local firm, pls = s[12] == '1', tonumber(s[13])
+  -- s: the hash's fields read by the caller, from s[o + 1]: iv eff run bad vote probe piv pat pn prev pend
+  -- firm pls (release.lua reads them with site_learn's in one HMGET)
+  local iv, eff = tonumber(s[o + 1]), tonumber(s[o + 2])
+  local run, bad, vote = tonumber(s[o + 3]) or 0, tonumber(s[o + 4]) or 0, s[o + 5] or ''
+  local probe, piv, pat, pn = s[o + 6] or '', tonumber(s[o + 7]) or 0, tonumber(s[o + 8]) or 0, tonumber(s[o + 9]) or 0
+  local prev, pend = tonumber(s[o + 10]), tonumber(s[o + 11]) or 0
+  local firm, pls = s[o + 12] == '1', tonumber(s[o + 13])
   if not iv or not eff then
     iv, eff = start_ms, now
     redis.call('HSET', K, 'iv', pace_ms(iv), 'chg', istr(now), 'eff', istr(now), 'run', 0, 'bad', 0, 'vote', '',
@@ -1023,9 +1026,8 @@ end
 -- `interval` the fixed interval paced with (ms; 0 for none or adaptive: no margin). Returns the proxy's
 -- previous mark, the site's rest (ms) and the margin in force (ms) with what this answer did to it
 -- ('' or 'widen').
-local function site_learn(site, id, start, outcome, kind, rest_min, interval, keep_ms, prior_share, now)
+local function site_learn(site, id, start, outcome, kind, rest_min, interval, prior_share, now, s)
   local K = K_PACE
-  local s = redis.call('HMGET', K, 'p:' .. id, 'rest', 'mg', 'mgs', 'mge', 'mgr', 'mgb')
   local last = s[1]
   local rest = tonumber(s[2]) or rest_min
   if rest < rest_min then rest = rest_min end
@@ -1076,14 +1078,13 @@ local function site_learn(site, id, start, outcome, kind, rest_min, interval, ke
     redis.call('HSET', K, unpack(set))
     -- a proxy's first mark: the hash grows with the pool (see as_table)
     if not last and redis.call('HLEN', K) >= BIG_HASH then as_table(K) end
-    redis.call('PEXPIRE', K, keep_ms)
   end
-  return last, rest, mg, event
+  return last, rest, mg, event, #set > 0
 end
 
 -- Record the proxy's answer on the site after a ban (see p:<id> above): 'f<ms>' or 'g<ms>' a brief
 -- quarantine of that length, else 'b'.
-local function site_mark(id, last, brief_ms, keep_ms)
+local function site_mark(id, last, brief_ms)
   local mark = 'b'
   if brief_ms then
     local _, lineage = brief_of(last)
@@ -1092,6 +1093,16 @@ local function site_mark(id, last, brief_ms, keep_ms)
   if mark ~= last then
     redis.call('HSET', K_PACE, 'p:' .. id, mark)
     if not last and redis.call('HLEN', K_PACE) >= BIG_HASH then as_table(K_PACE) end
-    redis.call('PEXPIRE', K_PACE, keep_ms)
   end
+end
+
+-- The pace hash's expiry (release.lua, once per release that wrote to it): `keep_ms` from now, moved
+-- only later, and refreshed only once a quarter of it has passed: the deadline is kept in field xp,
+-- read with the hash's other fields, so most releases write no PEXPIRE. Call it after a write only (it
+-- must not create the hash).
+local function pace_keep(keep_ms, xp, now)
+  local want = now + keep_ms
+  if xp and xp >= want - math.floor(keep_ms / 4) then return end
+  redis.call('HSET', K_PACE, 'xp', istr(want))
+  redis.call('PEXPIRE', K_PACE, keep_ms)
 end

@@ -116,12 +116,19 @@ if held_with(record, token) then answer_start = lease_start(record) end
 local adaptive = ARGV[19] == '1'
 local fixed = interval
 if adaptive then fixed = 0 end
-local learn_keep = tonumber(ARGV[18])  -- what the site taught lives as long as its state, or a week
-local learn_keep_idle = learn_keep  -- (a sticky session's slot is held a session TTL longer)
-if ARGV[8] ~= '' then learn_keep_idle = learn_keep + tonumber(ARGV[9]) end
-if adaptive then learn_keep = PACE_KEEP_MS end  -- (then set by what the pace learned, below)
-local last_answer, site_rest, margin, margin_event = site_learn(site, id, answer_start, outcome, kind,
-  tonumber(ARGV[25]), fixed, learn_keep, tonumber(ARGV[29]) or 0, now)
+-- What the site taught lives as long as its state (a sticky session's slot is held a session TTL
+-- longer), or a week when adaptive pacing learned an interval (below); the pace hash is read once.
+local learn_keep = tonumber(ARGV[18])
+if ARGV[8] ~= '' then learn_keep = learn_keep + tonumber(ARGV[9]) end
+local taught
+if adaptive then
+  taught = redis.call('HMGET', K_PACE, 'p:' .. id, 'rest', 'mg', 'mgs', 'mge', 'mgr', 'mgb', 'xp',
+    'iv', 'eff', 'run', 'bad', 'vote', 'probe', 'piv', 'pat', 'pn', 'prev', 'pend', 'firm', 'pls')
+else
+  taught = redis.call('HMGET', K_PACE, 'p:' .. id, 'rest', 'mg', 'mgs', 'mge', 'mgr', 'mgb', 'xp')
+end
+local last_answer, site_rest, margin, margin_event, pace_wrote = site_learn(site, id, answer_start, outcome,
+  kind, tonumber(ARGV[25]), fixed, tonumber(ARGV[29]) or 0, now, taught)
 local pace_iv, pace_event = '', ''
 if adaptive then
   --@lazy pace_release
@@ -130,12 +137,12 @@ if adaptive then
   local paced, learned
   local kept
   paced, pace_event, learned, kept = pace_release(site, id, answer_start, outcome, rate,
-    tonumber(ARGV[20]), tonumber(ARGV[21]), tonumber(ARGV[22]), last_answer, now)
+    tonumber(ARGV[20]), tonumber(ARGV[21]), tonumber(ARGV[22]), last_answer, now, taught, 8)
   interval = math.floor(paced * tonumber(ARGV[23]) + 0.5)
   pace_iv = pace_ms(learned)
   -- a learned pace outlives restarts, not a dead site; one that learned nothing goes with the site
-  if not kept then learn_keep = learn_keep_idle end
-  redis.call('PEXPIRE', K_PACE, learn_keep)
+  if kept then learn_keep = PACE_KEEP_MS end
+  pace_wrote = true  -- (pace_release keeps the hash's interval: it exists now)
 elseif interval > 0 then
   interval = interval + math.floor(margin + 0.5)
 end
@@ -259,8 +266,10 @@ elseif outcome == 'ban' or outcome == 'dead' then
     if started == 1 and outcome == 'ban' then
       if brief and told == 0 and lineage and base > site_rest then  -- the site's rest proved too short
         redis.call('HSET', K_PACE, 'rest', istr(base))
+        pace_wrote = true
       end
-      site_mark(id, last_answer, brief and ban_until - now or nil, learn_keep)
+      site_mark(id, last_answer, brief and ban_until - now or nil)
+      pace_wrote = true
     end
   end
   if outcome == 'ban' and started == 1 and breaker then
@@ -275,6 +284,7 @@ elseif outcome == 'error' then
   redis.call('HINCRBY', K_HSTATS, host .. ':err', 1)
   redis.call('HINCRBY', K_SITESTATS, 'err', 1)
 end
+if pace_wrote then pace_keep(learn_keep, tonumber(taught[8]), now) end
 event = event or {'', 0, 0, '', 0, 0}
 local reply = {status, now, ban_until, strikes}
 for _, x in ipairs(event) do reply[#reply + 1] = x end
