@@ -34,6 +34,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import os
+import threading
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -66,57 +69,161 @@ def pipeline_for(client: Any) -> ScriptPipeline | None:
     return ScriptPipeline(pool) if pool is not None else None
 
 
-def pack_command(args: Sequence[Any], encoder: Any) -> bytes:
+#: Arguments ``pack_command`` keeps framed (per sender) between calls: the lease and release commands repeat
+#: most of theirs (the pool's keys, the site, the host id, the constants); the cache is emptied when full.
+FRAMED_ENTRIES = 4096
+#: Longest argument (bytes) kept framed.
+FRAMED_BYTES = 512
+
+
+def pack_command(args: Sequence[Any], encoder: Any, framed: dict | None = None) -> bytes:
     """``args`` as one RESP command (an array of bulk strings), the bytes redis-py would send:
     ``str``/``bytes``/``int`` by hand, anything else through the connection's ``encoder`` (which also
-    refuses what redis-py refuses: bool, None)."""
+    refuses what redis-py refuses: bool, None). ``framed``: a sender's cache of the bulk strings of the
+    ``str``/``bytes``/``int`` arguments it sent before (looked up by type first: ``True`` or ``1.0`` is
+    never taken for ``1``)."""
     encoding, errors = encoder.encoding, encoder.encoding_errors
     out = [b"*%d\r\n" % len(args)]
     append = out.append
+    get = framed.get if framed is not None else None
     for arg in args:
         kind = type(arg)
-        if kind is bytes:
-            data = arg
-        elif kind is str:
-            data = arg.encode(encoding, errors)
-        elif kind is int:
-            data = b"%d" % arg
-        else:  # float, memoryview...; bool and None raise redis.DataError, as redis-py does
-            data = encoder.encode(arg)
-            if type(data) is not bytes:
-                data = bytes(data)
+        if kind is str or kind is bytes or kind is int:
+            if get is not None:
+                bulk = get(arg)
+                if bulk is not None:
+                    append(bulk)
+                    continue
+            if kind is str:
+                data = arg.encode(encoding, errors)
+            elif kind is int:
+                data = b"%d" % arg
+            else:
+                data = arg
+            bulk = b"$%d\r\n%b\r\n" % (len(data), data)
+            if get is not None and len(data) <= FRAMED_BYTES:
+                if len(framed) >= FRAMED_ENTRIES:
+                    framed.clear()
+                framed[arg] = bulk
+            append(bulk)
+            continue
+        # float, memoryview...; bool and None raise redis.DataError, as redis-py does
+        data = encoder.encode(arg)
+        if type(data) is not bytes:
+            data = bytes(data)
         append(b"$%d\r\n%b\r\n" % (len(data), data))
     return b"".join(out)
 
 
 class DirectScripts:
-    """The blocking store's script calls on a plain ``redis.Redis``: the command packed once by
-    ``pack_command`` and sent on a pooled connection under the connection's own retry policy, as
-    ``Redis.execute_command`` does, without its generic per-call work (argument encoding, command
-    options, response callbacks, observability hooks). Used by the CLI, the exporter and scripts."""
+    """The blocking store's script calls on a plain ``redis.Redis``: the command packed by
+    ``pack_command`` and sent on a connection of the client's pool under the connection's own retry
+    policy, as ``Redis.execute_command`` does, without its generic per-call work (argument encoding,
+    command options, response callbacks, observability hooks). Used by the CLI, the exporter and scripts.
+
+    On a plain ``ConnectionPool`` allowing at least ``HOLD_MIN_CONNECTIONS`` connections, one connection
+    of the pool is checked out once and kept for the script calls of every store on that pool
+    (``_Held``), as redis-py's ``single_connection_client`` keeps its own, instead of a checkout and a
+    release per call. Each call still gets the checkout's check (``ensure_connection``: connected, no
+    unread data); the pool's ``disconnect`` (``client.close()``) closes it like any checked-out one; a
+    forked child checks out one of its own; a call that failed other than by an error reply gives it
+    back to the pool. A call made while another thread uses it checks one out for itself, as before."""
 
     def __init__(self, client: Any) -> None:
         self.client = client
         self.pool = client.connection_pool
         self._encoder = self.pool.get_encoder()
+        self._framed: dict = {}  # pack_command's cache
+        self._held = _held_for(self.pool)
 
     def execute(self, args: Sequence[Any]) -> Any:
-        packed = pack_command(args, self._encoder)
+        packed = pack_command(args, self._encoder, self._framed)
+        held = self._held
+        if held is not None and held.lock.acquire(False):
+            try:
+                return held.execute(self.pool, packed)
+            finally:
+                held.lock.release()
         pool = self.pool
         conn = pool.get_connection()
-
-        def send() -> Any:
-            conn.send_packed_command((packed,))  # an iterable of chunks (a bytes object would be iterated)
-            return conn.read_response()
-
         try:
-            return conn.retry.call_with_retry(send, lambda _error: conn.disconnect())
+            return _send(conn, packed)
         finally:
             try:
                 if getattr(conn, "should_reconnect", bool)():  # a server maintenance notice, as redis-py does
                     conn.disconnect()
             finally:
                 pool.release(conn)
+
+
+#: Pools allowing fewer connections than this check one out per script call (see ``DirectScripts``).
+HOLD_MIN_CONNECTIONS = 16
+
+
+class _Held:
+    """The connection a pool keeps checked out for ``DirectScripts`` (one per pool; used under ``lock``).
+    It does not refer to the pool (``_HELD`` holds it while the pool lives)."""
+
+    __slots__ = ("conn", "lock", "pid")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.conn: Any = None
+        self.pid = 0
+
+    def execute(self, pool: Any, packed: bytes) -> Any:
+        conn = self.conn
+        if conn is None or self.pid != os.getpid():  # none yet, or the parent's (in a forked child)
+            self.conn = None
+            conn = pool.get_connection()  # checked and connected, as every checkout
+            self.conn, self.pid = conn, os.getpid()
+        else:
+            try:
+                pool.ensure_connection(conn)  # the checkout's check, on the connection kept
+            except BaseException:
+                self.give_back(pool)
+                raise
+        try:
+            reply = _send(conn, packed)
+        except ResponseError:  # an error reply, read in full: the connection stays usable
+            raise
+        except BaseException:
+            self.give_back(pool)
+            raise
+        if getattr(conn, "should_reconnect", bool)():  # a server maintenance notice, as redis-py does
+            conn.disconnect()
+        return reply
+
+    def give_back(self, pool: Any) -> None:
+        """Return the connection to the pool (when this process checked it out); the next call takes one."""
+        conn, self.conn = self.conn, None
+        if conn is not None and self.pid == os.getpid():
+            pool.release(conn)
+
+
+_HELD: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # pool -> its _Held
+_HELD_LOCK = threading.Lock()
+
+
+def _held_for(pool: Any) -> _Held | None:
+    """The pool's ``_Held``, made at its first store; None for a pool that keeps per-call checkouts."""
+    if type(pool) is not redis.ConnectionPool or (getattr(pool, "max_connections", 0) or 0) < HOLD_MIN_CONNECTIONS:
+        return None
+    with _HELD_LOCK:
+        held = _HELD.get(pool)
+        if held is None:
+            held = _HELD[pool] = _Held()
+        return held
+
+
+def _send(conn: Any, packed: bytes) -> Any:
+    """One packed command and its reply on ``conn``, under the connection's retry policy."""
+
+    def send() -> Any:
+        conn.send_packed_command((packed,))  # an iterable of chunks (a bytes object would be iterated)
+        return conn.read_response()
+
+    return conn.retry.call_with_retry(send, lambda _error: conn.disconnect())
 
 
 def direct_scripts_for(client: Any) -> DirectScripts | None:
@@ -140,6 +247,7 @@ class ScriptPipeline:
         self._retried = tuple(getattr(self._retry, "_supported_errors", ()))
         self._timeout = self._conn.socket_timeout or None
         self._encoder = self._conn.encoder
+        self._framed: dict = {}  # pack_command's cache
         self._loop: asyncio.AbstractEventLoop | None = None
         self._connecting: asyncio.Task | None = None  # the connect attempt in progress
         self._live = False
@@ -175,7 +283,7 @@ class ScriptPipeline:
 
     def pack(self, args: Sequence[Any]) -> bytes:
         """``args`` as one RESP command (an array of bulk strings)."""
-        return pack_command(args, self._encoder)
+        return pack_command(args, self._encoder, self._framed)
 
     def _send(self, packed: bytes) -> asyncio.Future:
         loop = self._loop
