@@ -92,6 +92,7 @@ CYCLE_TARGET_US = 30.0  # Redis time per lease+release, us (issue 10)
 ISSUE_REFERENCE_US = (16.0, 21.0)
 CLIENT_CPU_TARGET = 1.0  # client CPU per cycle / the reference's (issue 24): no more than a minimal client
 CLIENT_CPU_SIZE = 500  # proxies of the client CPU measurement's pool (one site)
+CLIENT_CPU_BLOCK = 100  # cycles timed in a row before the other side's turn (a round alternates blocks)
 
 
 # --- worker processes -----------------------------------------------------------------------------
@@ -532,9 +533,10 @@ class ClientCpu:
 
 def _client_cpu_worker(url: str, pool: str, ref_keys: list[str], site: str, rounds: int, cycles: int,
                        results: Any) -> None:
-    """In a fresh process: ``rounds`` rounds, each ``cycles`` of ours then as many of the reference's (the
-    order alternating round by round), timed with ``time.process_time`` (this process's CPU only, so
-    redis-server's own work is left out). Puts (ours us list, reference us list, None) or error."""
+    """In a fresh process: ``rounds`` rounds, each ``cycles`` of ours and as many of the reference's, in
+    alternating blocks of ``CLIENT_CPU_BLOCK`` (which side goes first alternates round by round), timed
+    with ``time.process_time`` (this process's CPU only, so redis-server's own work is left out). Puts
+    (ours us list, reference us list, None) or ([], [], error)."""
     client = redis.Redis.from_url(url, decode_responses=True)
     try:
         ours = _make_op("cycle", client, pool, site)
@@ -553,13 +555,20 @@ def _client_cpu_worker(url: str, pool: str, ref_keys: list[str], site: str, roun
         for name in ("ours", "reference", "ours", "reference"):  # warm-up (scripts loaded, caches filled)
             for _ in range(max(100, cycles // 10)):
                 ops[name]()
+        block = max(1, min(CLIENT_CPU_BLOCK, cycles))
         for n in range(rounds):
-            for name in (("ours", "reference") if n % 2 == 0 else ("reference", "ours")):
-                op = ops[name]
-                start = time.process_time()
-                for _ in range(cycles):
-                    op()
-                times[name].append((time.process_time() - start) / cycles * 1e6)
+            spent = {"ours": 0.0, "reference": 0.0}
+            order = ("ours", "reference") if n % 2 == 0 else ("reference", "ours")
+            for done in range(0, cycles, block):  # short blocks, alternating: both sides see the same drift
+                count = min(block, cycles - done)
+                for name in order:
+                    op = ops[name]
+                    start = time.process_time()
+                    for _ in range(count):
+                        op()
+                    spent[name] += time.process_time() - start
+            for name in order:
+                times[name].append(spent[name] / cycles * 1e6)
         results.put((times["ours"], times["reference"], None))
     except Exception as exc:  # reported by the parent, which fails the run
         results.put(([], [], f"{type(exc).__name__}: {exc}"))
@@ -591,7 +600,8 @@ def client_cpu_report(cpu: ClientCpu, rounds: int, cycles: int) -> int:
     print(f"\nClient CPU per lease + release cycle (time.process_time of the client process / cycles, us; "
           f"redis-server's\n  CPU excluded), ours (PoolStore, as the throughput cycle) vs the reference done the "
           f"way a minimal client\n  would (redis-py register_script on redis.Redis(decode_responses=True), a "
-          f"secrets.token_hex(8) token per lease);\n  {rounds} rounds x {cycles} cycles each, alternating; "
+          f"secrets.token_hex(8) token per lease);\n  {rounds} rounds x {cycles} cycles each, in alternating blocks of "
+          f"{min(CLIENT_CPU_BLOCK, cycles)}; "
           f"{CLIENT_CPU_SIZE} proxies, one site; ratio: median over the rounds of ours / the reference's")
     ratios = cpu.ratios()
     rows = []

@@ -36,6 +36,7 @@ import collections
 import contextlib
 import os
 import threading
+import time
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -124,10 +125,13 @@ class DirectScripts:
     On a plain ``ConnectionPool`` allowing at least ``HOLD_MIN_CONNECTIONS`` connections, one connection
     of the pool is checked out once and kept for the script calls of every store on that pool
     (``_Held``), as redis-py's ``single_connection_client`` keeps its own, instead of a checkout and a
-    release per call. Each call still gets the checkout's check (``ensure_connection``: connected, no
-    unread data); the pool's ``disconnect`` (``client.close()``) closes it like any checked-out one; a
-    forked child checks out one of its own; a call that failed other than by an error reply gives it
-    back to the pool. A call made while another thread uses it checks one out for itself, as before."""
+    release per call. Like redis-py's, it is used as it is while busy (a connection the server closed
+    meanwhile is the retry policy's, as on any connection in use), and gets the checkout's check
+    (``ensure_connection``: connected, no unread data) when it was idle ``HOLD_CHECK_IDLE`` or more; a call
+    that failed other than by an error reply gives it back to the pool (nothing is ever left unread on
+    it); the pool's ``disconnect`` (``client.close()``) closes it like any checked-out one (the next call
+    connects again); a forked child checks out one of its own. A call made while another thread uses it
+    checks one out for itself, as before."""
 
     def __init__(self, client: Any) -> None:
         self.client = client
@@ -158,51 +162,68 @@ class DirectScripts:
 
 #: Pools allowing fewer connections than this check one out per script call (see ``DirectScripts``).
 HOLD_MIN_CONNECTIONS = 16
+#: A kept connection idle this long (seconds) gets the checkout's check again before its next call.
+HOLD_CHECK_IDLE = 1.0
 
 
 class _Held:
     """The connection a pool keeps checked out for ``DirectScripts`` (one per pool; used under ``lock``).
     It does not refer to the pool (``_HELD`` holds it while the pool lives)."""
 
-    __slots__ = ("conn", "lock", "pid")
+    __slots__ = ("conn", "lock", "used")
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.conn: Any = None
-        self.pid = 0
+        self.used = 0.0  # time.monotonic() of the last call answered on ``conn``
 
     def execute(self, pool: Any, packed: bytes) -> Any:
         conn = self.conn
-        if conn is None or self.pid != os.getpid():  # none yet, or the parent's (in a forked child)
-            self.conn = None
+        if conn is None:
             conn = pool.get_connection()  # checked and connected, as every checkout
-            self.conn, self.pid = conn, os.getpid()
-        else:
+            self.conn = conn
+        elif time.monotonic() - self.used >= HOLD_CHECK_IDLE:
             try:
-                pool.ensure_connection(conn)  # the checkout's check, on the connection kept
+                pool.ensure_connection(conn)  # the checkout's check, on a connection kept idle a while
             except BaseException:
                 self.give_back(pool)
                 raise
         try:
             reply = _send(conn, packed)
         except ResponseError:  # an error reply, read in full: the connection stays usable
+            self.used = time.monotonic()
             raise
-        except BaseException:
+        except BaseException:  # nothing is left unread on a connection kept: it goes back to the pool
             self.give_back(pool)
             raise
+        self.used = time.monotonic()
         if getattr(conn, "should_reconnect", bool)():  # a server maintenance notice, as redis-py does
             conn.disconnect()
         return reply
 
     def give_back(self, pool: Any) -> None:
-        """Return the connection to the pool (when this process checked it out); the next call takes one."""
+        """Return the connection to the pool; the next call checks one out."""
         conn, self.conn = self.conn, None
-        if conn is not None and self.pid == os.getpid():
+        if conn is not None:
             pool.release(conn)
 
 
 _HELD: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # pool -> its _Held
 _HELD_LOCK = threading.Lock()
+
+
+def _forked() -> None:
+    """In a forked child: every kept connection is the parent's (its socket, its pool's books), and a
+    lock may have been held by a thread the child does not have. Forget them; the pool resets itself."""
+    global _HELD_LOCK
+    _HELD_LOCK = threading.Lock()
+    for held in list(_HELD.values()):
+        held.lock = threading.Lock()
+        held.conn = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
 
 
 def _held_for(pool: Any) -> _Held | None:
@@ -217,13 +238,32 @@ def _held_for(pool: Any) -> _Held | None:
 
 
 def _send(conn: Any, packed: bytes) -> Any:
-    """One packed command and its reply on ``conn``, under the connection's retry policy."""
+    """One packed command and its reply on ``conn``, under the connection's retry policy: the first
+    attempt is made before entering it (as ``ScriptPipeline.execute`` does); a failure the policy retries
+    enters it as its own first attempt's, so the policy sees the same attempts, failures and backoff."""
+    retry = conn.retry
+    supported = getattr(retry, "_supported_errors", None)
 
     def send() -> Any:
         conn.send_packed_command((packed,))  # an iterable of chunks (a bytes object would be iterated)
         return conn.read_response()
 
-    return conn.retry.call_with_retry(send, lambda _error: conn.disconnect())
+    if type(supported) is not tuple:  # a policy of another shape: all of it, as before
+        return retry.call_with_retry(send, lambda _error: conn.disconnect())
+    try:
+        conn.send_packed_command((packed,))
+        return conn.read_response()
+    except supported as exc:
+        first: BaseException | None = exc
+
+    def attempt() -> Any:
+        nonlocal first
+        if first is not None:
+            failed, first = first, None
+            raise failed
+        return send()
+
+    return retry.call_with_retry(attempt, lambda _error: conn.disconnect())
 
 
 def direct_scripts_for(client: Any) -> DirectScripts | None:
