@@ -77,41 +77,47 @@ FRAMED_ENTRIES = 4096
 FRAMED_BYTES = 512
 
 
+_PLAIN = frozenset((str, bytes, int))  # the argument types pack_command frames by hand
+
+
 def pack_command(args: Sequence[Any], encoder: Any, framed: dict | None = None) -> bytes:
     """``args`` as one RESP command (an array of bulk strings), the bytes redis-py would send:
     ``str``/``bytes``/``int`` by hand, anything else through the connection's ``encoder`` (which also
     refuses what redis-py refuses: bool, None). ``framed``: a sender's cache of the bulk strings of the
-    ``str``/``bytes``/``int`` arguments it sent before (looked up by type first: ``True`` or ``1.0`` is
-    never taken for ``1``)."""
+    ``str``/``bytes``/``int`` arguments it sent before (only when every argument is of those very types:
+    ``True`` or ``1.0`` is never taken for ``1``)."""
+    if framed is not None and _PLAIN.issuperset(map(type, args)):
+        parts = list(map(framed.get, args))  # the usual call: all but its tokens framed before
+        missing = parts.count(None)
+        if missing:
+            encoding, errors = encoder.encoding, encoder.encoding_errors
+            at = -1
+            for _ in range(missing):
+                at = parts.index(None, at + 1)
+                arg = args[at]
+                kind = type(arg)
+                data = arg.encode(encoding, errors) if kind is str else b"%d" % arg if kind is int else arg
+                bulk = parts[at] = b"$%d\r\n%b\r\n" % (len(data), data)
+                if len(data) <= FRAMED_BYTES:
+                    if len(framed) >= FRAMED_ENTRIES:
+                        framed.clear()
+                    framed[arg] = bulk
+        return b"*%d\r\n%b" % (len(parts), b"".join(parts))
     encoding, errors = encoder.encoding, encoder.encoding_errors
     out = [b"*%d\r\n" % len(args)]
     append = out.append
-    get = framed.get if framed is not None else None
     for arg in args:
         kind = type(arg)
-        if kind is str or kind is bytes or kind is int:
-            if get is not None:
-                bulk = get(arg)
-                if bulk is not None:
-                    append(bulk)
-                    continue
-            if kind is str:
-                data = arg.encode(encoding, errors)
-            elif kind is int:
-                data = b"%d" % arg
-            else:
-                data = arg
-            bulk = b"$%d\r\n%b\r\n" % (len(data), data)
-            if get is not None and len(data) <= FRAMED_BYTES:
-                if len(framed) >= FRAMED_ENTRIES:
-                    framed.clear()
-                framed[arg] = bulk
-            append(bulk)
-            continue
-        # float, memoryview...; bool and None raise redis.DataError, as redis-py does
-        data = encoder.encode(arg)
-        if type(data) is not bytes:
-            data = bytes(data)
+        if kind is bytes:
+            data = arg
+        elif kind is str:
+            data = arg.encode(encoding, errors)
+        elif kind is int:
+            data = b"%d" % arg
+        else:  # float, memoryview...; bool and None raise redis.DataError, as redis-py does
+            data = encoder.encode(arg)
+            if type(data) is not bytes:
+                data = bytes(data)
         append(b"$%d\r\n%b\r\n" % (len(data), data))
     return b"".join(out)
 
