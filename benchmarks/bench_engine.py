@@ -1,6 +1,7 @@
 """Engine benchmark: lease+release throughput against its ceiling, bytes per call, memory per proxy.
 
     python benchmarks/bench_engine.py [--quick] [--seconds S] [--processes N] [--repeat R]
+    python benchmarks/bench_engine.py --client-cpu [--cpu-rounds R] [--cpu-cycles C]
 
 One run starts its own throwaway redis-server (``RedisServer``), builds pools of 500, 10,000 and
 100,000 proxies, and prints one report:
@@ -19,7 +20,11 @@ One run starts its own throwaway redis-server (``RedisServer``), builds pools of
 * Redis time per lease + release against a reference measured in the same run, at every pool size: a
   minimal two-script ZSET lease doing the same job (lease: ``ZRANGEBYSCORE ready -inf now LIMIT 0 1``,
   ``ZADD`` the member at now + ttl, record the token; release: check the token, ``ZADD`` the member back
-  at now, delete the record), on a ZSET of the same members, its rounds interleaved with ours.
+  at now, delete the record), on a ZSET of the same members, its rounds interleaved with ours;
+* client CPU per lease + release (``time.process_time`` of the client process / cycles: redis-server's
+  CPU left out), ours (``PoolStore``) against the reference's two scripts called the way a minimal client
+  would (redis-py ``register_script``), in alternating rounds in one fresh process, on the 500-proxy
+  pool (``--client-cpu``: only this section, on a pool of its own).
 
 Within one process configuration, the ceiling and every pool size are timed in short interleaved
 slices (each figure gets ``--seconds`` in all), so a machine whose speed drifts (other work, CPU
@@ -39,6 +44,7 @@ import multiprocessing as mp
 import os
 import platform
 import queue
+import secrets
 import statistics
 import subprocess
 import time
@@ -84,6 +90,9 @@ CYCLE_TARGET_US = 30.0  # Redis time per lease+release, us (issue 10)
 # The reference's cycle where issue 10 set CYCLE_TARGET_US (16-21 us measured there): a machine whose
 # reference costs more is slower, and the absolute target is scaled by the ratio (see the report).
 ISSUE_REFERENCE_US = (16.0, 21.0)
+CLIENT_CPU_TARGET = 1.0  # client CPU per cycle / the reference's (issue 24): no more than a minimal client
+CLIENT_CPU_SIZE = 500  # proxies of the client CPU measurement's pool (one site)
+CLIENT_CPU_BLOCK = 100  # cycles timed in a row before the other side's turn (a round alternates blocks)
 
 
 # --- worker processes -----------------------------------------------------------------------------
@@ -509,6 +518,124 @@ def embedded_cycle_us(rounds: int = 5, cycles: int = 200) -> tuple[float, float]
     return statistics.median(times[False]), statistics.median(times[True])
 
 
+# --- client CPU per cycle -------------------------------------------------------------------------
+
+@dataclass
+class ClientCpu:
+    """Client CPU per lease+release cycle, us, round by round: ours and the reference's (same rounds)."""
+
+    ours: list[float] = field(default_factory=list)
+    reference: list[float] = field(default_factory=list)
+
+    def ratios(self) -> list[float]:
+        return [a / b for a, b in zip(self.ours, self.reference, strict=True)]
+
+
+def _client_cpu_worker(url: str, pool: str, ref_keys: list[str], site: str, rounds: int, cycles: int,
+                       results: Any) -> None:
+    """In a fresh process: ``rounds`` rounds, each ``cycles`` of ours and as many of the reference's, in
+    alternating blocks of ``CLIENT_CPU_BLOCK`` (which side goes first alternates round by round), timed
+    with ``time.process_time`` (this process's CPU only, so redis-server's own work is left out). Puts
+    (ours us list, reference us list, None) or ([], [], error)."""
+    client = redis.Redis.from_url(url, decode_responses=True)
+    try:
+        ours = _make_op("cycle", client, pool, site)
+        ref_lease, ref_release = client.register_script(REFERENCE_LEASE), client.register_script(REFERENCE_RELEASE)
+        ttl_ms = str(int(LEASE_TTL * 1000))
+
+        def reference() -> None:  # a minimal client: register_script objects, a fresh token per lease
+            reply = ref_lease(keys=ref_keys, args=[ttl_ms, secrets.token_hex(8)])
+            if reply[0] != "OK":
+                raise RuntimeError(f"reference lease found no free slot: {reply}")
+            if ref_release(keys=ref_keys, args=[reply[1], reply[2]]) != "OK":
+                raise RuntimeError("reference release did not answer OK")
+
+        times: dict[str, list[float]] = {"ours": [], "reference": []}
+        ops = {"ours": ours, "reference": reference}
+        for name in ("ours", "reference", "ours", "reference"):  # warm-up (scripts loaded, caches filled)
+            for _ in range(max(100, cycles // 10)):
+                ops[name]()
+        block = max(1, min(CLIENT_CPU_BLOCK, cycles))
+        for n in range(rounds):
+            spent = {"ours": 0.0, "reference": 0.0}
+            order = ("ours", "reference") if n % 2 == 0 else ("reference", "ours")
+            for done in range(0, cycles, block):  # short blocks, alternating: both sides see the same drift
+                count = min(block, cycles - done)
+                for name in order:
+                    op = ops[name]
+                    start = time.process_time()
+                    for _ in range(count):
+                        op()
+                    spent[name] += time.process_time() - start
+            for name in order:
+                times[name].append(spent[name] / cycles * 1e6)
+        results.put((times["ours"], times["reference"], None))
+    except Exception as exc:  # reported by the parent, which fails the run
+        results.put(([], [], f"{type(exc).__name__}: {exc}"))
+    finally:
+        client.close()
+
+
+def measure_client_cpu(ctx: Any, url: str, setup: PoolSetup, site: str, rounds: int, cycles: int) -> ClientCpu:
+    """Client CPU per cycle, ours (``PoolStore``) and the reference's, in one fresh process."""
+    results = ctx.Queue()
+    proc = ctx.Process(target=_client_cpu_worker,
+                       args=(url, setup.pool, setup.reference_keys, site, rounds, cycles, results), daemon=True)
+    proc.start()
+    try:
+        ours, ref, error = results.get(timeout=rounds * cycles * 0.01 + 180)
+    except queue.Empty:
+        raise RuntimeError("the client CPU worker process gave no result") from None
+    finally:
+        proc.join(timeout=30)
+        if proc.is_alive():
+            proc.terminate()
+    if error:
+        raise RuntimeError(f"client CPU worker failed: {error}")
+    return ClientCpu(ours, ref)
+
+
+def client_cpu_report(cpu: ClientCpu, rounds: int, cycles: int) -> int:
+    """Print the client CPU section; returns its misses (0 or 1)."""
+    print(f"\nClient CPU per lease + release cycle (time.process_time of the client process / cycles, us; "
+          f"redis-server's\n  CPU excluded), ours (PoolStore, as the throughput cycle) vs the reference done the "
+          f"way a minimal client\n  would (redis-py register_script on redis.Redis(decode_responses=True), a "
+          f"secrets.token_hex(8) token per lease);\n  {rounds} rounds x {cycles} cycles each, in alternating blocks of "
+          f"{min(CLIENT_CPU_BLOCK, cycles)}; "
+          f"{CLIENT_CPU_SIZE} proxies, one site; ratio: median over the rounds of ours / the reference's")
+    ratios = cpu.ratios()
+    rows = []
+    for name, values in (("ours", cpu.ours), ("reference", cpu.reference), ("ours / reference", ratios)):
+        fmt = "{:.2f}" if name == "ours / reference" else "{:.1f}"
+        rows.append([name, fmt.format(statistics.median(values)),
+                     f"{fmt.format(min(values))}-{fmt.format(max(values))}",
+                     ", ".join(fmt.format(v) for v in values)])
+    print(table(["", "median", "min-max", "rounds"], rows))
+    value = statistics.median(ratios)
+    ok = value <= CLIENT_CPU_TARGET
+    print(table(["check", "value", "target", ""],
+                [["client CPU us ours / reference", f"{value:.2f}", f"<= {CLIENT_CPU_TARGET}", verdict(ok)]]))
+    return 0 if ok else 1
+
+
+def client_cpu_only(args: argparse.Namespace) -> int:
+    """``--client-cpu``: just the client CPU section, on a pool of its own."""
+    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+    with RedisServer() as server:
+        admin = redis.Redis.from_url(server.url, decode_responses=True)
+        store = PoolStore(admin, namespace=NAMESPACE, host_id="bench-main")
+        setup = build_pool(admin, store, CLIENT_CPU_SIZE, ["solo"])
+        build_reference(admin, setup)
+        print("scrapy-proxy-shard engine benchmark (benchmarks/bench_engine.py --client-cpu)")
+        print(f"  redis-server {admin.info('server')['redis_version']}, python {platform.python_version()}, "
+              f"redis-py {redis.__version__}; engine {engine_revision()}")
+        admin.close()
+        cpu = measure_client_cpu(ctx, server.url, setup, "solo", args.cpu_rounds, args.cpu_cycles)
+    misses = client_cpu_report(cpu, args.cpu_rounds, args.cpu_cycles)
+    print(f"\n{'all targets met' if not misses else f'{misses} target(s) missed'}")
+    return 1 if misses else 0
+
+
 # --- report ---------------------------------------------------------------------------------------
 
 def cycle_usec(pair: tuple[CallCost, CallCost]) -> list[float]:
@@ -563,6 +690,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="repetitions of the whole timed schedule, averaged (default 2, or 1 with --quick)")
     parser.add_argument("--tasks", type=int, default=64,
                         help="asyncio tasks of the one-process AsyncPoolStore measurement (default 64)")
+    parser.add_argument("--client-cpu", action="store_true",
+                        help="only the client CPU per cycle section (ours vs the reference), then exit")
+    parser.add_argument("--cpu-rounds", type=int, default=7,
+                        help="rounds of the client CPU section, ours and the reference alternating (default 7)")
+    parser.add_argument("--cpu-cycles", type=int, default=2000,
+                        help="lease+release cycles per round and side in the client CPU section (default 2000)")
     parser.add_argument("--sizes", default=",".join(str(s) for s in SIZES),
                         help="comma-separated pool sizes (default 500,10000,100000)")
     args = parser.parse_args(argv)
@@ -580,6 +713,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.client_cpu:
+        return client_cpu_only(args)
     nproc, sizes = args.processes, args.sizes
     small, large = sizes[0], sizes[-1]
     ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
@@ -629,6 +764,8 @@ def main(argv: list[str] | None = None) -> int:
         for setup in setups.values():
             counters_memory(admin, setup)
         admin.close()
+        cpu_setup = setups[CLIENT_CPU_SIZE] if CLIENT_CPU_SIZE in setups else setups[small]
+        client_cpu = measure_client_cpu(ctx, server.url, cpu_setup, "solo", args.cpu_rounds, args.cpu_cycles)
 
     elapsed = time.perf_counter() - began
     load_after = os.getloadavg()[0]
@@ -845,6 +982,8 @@ def main(argv: list[str] | None = None) -> int:
     print(table(["check", "value", "target", ""],
                 [[f"B/proxy (pool + 1 site) @ {n0(large)} / @ {n0(base)}", f"{value:.2f}", f"<= {MEMORY_TARGET}",
                   verdict(ok)]]))
+
+    misses += client_cpu_report(client_cpu, args.cpu_rounds, args.cpu_cycles)
 
     print("\nThe embedded engine (fakeredis, also the fallback's local slice): lease+release by EVALSHA and by FCALL,"
           "\n  interleaved rounds of 200 cycles on 50 proxies, median us per cycle (information, no target)")

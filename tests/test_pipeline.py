@@ -370,3 +370,71 @@ def test_the_blocking_store_sends_scripts_directly_and_survives_a_killed_connect
         store._direct.execute(("EVAL", FAIL, 0, "x"))
     assert direct_scripts_for(redis.Redis.from_url(redis_server.url, single_connection_client=True)) is None
     assert direct_scripts_for(fakeredis.FakeRedis()) is None
+
+
+def _created(client) -> int:
+    """Connections the client's pool has made (checked out or idle)."""
+    return client.connection_pool._created_connections
+
+
+def test_the_blocking_store_keeps_one_connection_for_its_script_calls(redis_server):
+    """On a plain pool the script calls share one kept connection: no checkout per call, one connection
+    for every store on the pool; other commands still take the pool's; ``close`` closes it and the next
+    call connects again; a pool with little room checks one out per call, as before."""
+    from scrapy_proxy_shard.engine.store import PoolStore
+
+    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    try:
+        stores = [PoolStore(client, namespace="held", host_id=f"h{i}") for i in range(3)]
+        stores[0].add_proxies(POOL, URLS)
+        for _ in range(20):
+            for store in stores:
+                store.release(store.lease(POOL, "a.example", ttl=5), outcome="ok")
+        assert client.ping()
+        assert _created(client) == 2  # the kept one (script calls) + the one other commands take
+        client.close()
+        assert stores[1].release(stores[1].lease(POOL, "a.example", ttl=5)).status == "ok"
+        assert _created(client) == 2
+    finally:
+        client.close()
+    small = redis.Redis.from_url(redis_server.url, decode_responses=True, max_connections=2)
+    blocking = redis.Redis(connection_pool=redis.BlockingConnectionPool.from_url(redis_server.url,
+                                                                                 decode_responses=True))
+    try:
+        for one in (small, blocking):
+            store = PoolStore(one, namespace="held", host_id="h")
+            assert store._direct is not None and store._direct._held is None
+            assert store.release(store.lease(POOL, "a.example", ttl=5)).status == "ok"
+    finally:
+        small.close()
+        blocking.close()
+
+
+def test_a_kept_connection_idle_a_while_is_checked_before_use(redis_server, monkeypatch):
+    """A kept connection the server closed while it sat idle is replaced before the call is sent (the
+    checkout's check), even by a client that never retries; one used within HOLD_CHECK_IDLE is sent on as
+    it is, and a failed call gives it back to the pool."""
+    from scrapy_proxy_shard.engine import pipeline
+    from scrapy_proxy_shard.engine.store import PoolStore
+
+    client = redis.Redis.from_url(redis_server.url, decode_responses=True, retry=None)
+    killer = redis.Redis.from_url(redis_server.url)
+    try:
+        store = PoolStore(client, namespace="idle", host_id="h")
+        store.add_proxies(POOL, URLS)
+        assert store.release(store.lease(POOL, "a.example", ttl=5)).status == "ok"
+        held = store._direct._held
+        monkeypatch.setattr(pipeline, "HOLD_CHECK_IDLE", 0.0)
+        killer.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+        time.sleep(0.05)
+        assert store.release(store.lease(POOL, "a.example", ttl=5)).status == "ok"  # reconnected first
+        monkeypatch.setattr(pipeline, "HOLD_CHECK_IDLE", 3600.0)
+        killer.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+        time.sleep(0.05)
+        with pytest.raises(Exception):  # noqa: B017 - no retry policy: the call on the dead socket fails
+            store.lease(POOL, "a.example", ttl=5)
+        assert held.conn is None  # given back to the pool
+        assert store.release(store.lease(POOL, "a.example", ttl=5)).status == "ok"
+    finally:
+        killer.close()
+        client.close()

@@ -34,6 +34,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import os
+import threading
+import time
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -66,10 +70,39 @@ def pipeline_for(client: Any) -> ScriptPipeline | None:
     return ScriptPipeline(pool) if pool is not None else None
 
 
-def pack_command(args: Sequence[Any], encoder: Any) -> bytes:
+#: Arguments ``pack_command`` keeps framed (per sender) between calls: the lease and release commands repeat
+#: most of theirs (the pool's keys, the site, the host id, the constants); the cache is emptied when full.
+FRAMED_ENTRIES = 4096
+#: Longest argument (bytes) kept framed.
+FRAMED_BYTES = 512
+
+
+_PLAIN = frozenset((str, bytes, int))  # the argument types pack_command frames by hand
+
+
+def pack_command(args: Sequence[Any], encoder: Any, framed: dict | None = None) -> bytes:
     """``args`` as one RESP command (an array of bulk strings), the bytes redis-py would send:
     ``str``/``bytes``/``int`` by hand, anything else through the connection's ``encoder`` (which also
-    refuses what redis-py refuses: bool, None)."""
+    refuses what redis-py refuses: bool, None). ``framed``: a sender's cache of the bulk strings of the
+    ``str``/``bytes``/``int`` arguments it sent before (only when every argument is of those very types:
+    ``True`` or ``1.0`` is never taken for ``1``)."""
+    if framed is not None and _PLAIN.issuperset(map(type, args)):
+        parts = list(map(framed.get, args))  # the usual call: all but its tokens framed before
+        missing = parts.count(None)
+        if missing:
+            encoding, errors = encoder.encoding, encoder.encoding_errors
+            at = -1
+            for _ in range(missing):
+                at = parts.index(None, at + 1)
+                arg = args[at]
+                kind = type(arg)
+                data = arg.encode(encoding, errors) if kind is str else b"%d" % arg if kind is int else arg
+                bulk = parts[at] = b"$%d\r\n%b\r\n" % (len(data), data)
+                if len(data) <= FRAMED_BYTES:
+                    if len(framed) >= FRAMED_ENTRIES:
+                        framed.clear()
+                    framed[arg] = bulk
+        return b"*%d\r\n%b" % (len(parts), b"".join(parts))
     encoding, errors = encoder.encoding, encoder.encoding_errors
     out = [b"*%d\r\n" % len(args)]
     append = out.append
@@ -90,33 +123,153 @@ def pack_command(args: Sequence[Any], encoder: Any) -> bytes:
 
 
 class DirectScripts:
-    """The blocking store's script calls on a plain ``redis.Redis``: the command packed once by
-    ``pack_command`` and sent on a pooled connection under the connection's own retry policy, as
-    ``Redis.execute_command`` does, without its generic per-call work (argument encoding, command
-    options, response callbacks, observability hooks). Used by the CLI, the exporter and scripts."""
+    """The blocking store's script calls on a plain ``redis.Redis``: the command packed by
+    ``pack_command`` and sent on a connection of the client's pool under the connection's own retry
+    policy, as ``Redis.execute_command`` does, without its generic per-call work (argument encoding,
+    command options, response callbacks, observability hooks). Used by the CLI, the exporter and scripts.
+
+    On a plain ``ConnectionPool`` allowing at least ``HOLD_MIN_CONNECTIONS`` connections, one connection
+    of the pool is checked out once and kept for the script calls of every store on that pool
+    (``_Held``), as redis-py's ``single_connection_client`` keeps its own, instead of a checkout and a
+    release per call. Like redis-py's, it is used as it is while busy (a connection the server closed
+    meanwhile is the retry policy's, as on any connection in use), and gets the checkout's check
+    (``ensure_connection``: connected, no unread data) when it was idle ``HOLD_CHECK_IDLE`` or more; a call
+    that failed other than by an error reply gives it back to the pool (nothing is ever left unread on
+    it); the pool's ``disconnect`` (``client.close()``) closes it like any checked-out one (the next call
+    connects again); a forked child checks out one of its own. A call made while another thread uses it
+    checks one out for itself, as before."""
 
     def __init__(self, client: Any) -> None:
         self.client = client
         self.pool = client.connection_pool
         self._encoder = self.pool.get_encoder()
+        self._framed: dict = {}  # pack_command's cache
+        self._held = _held_for(self.pool)
 
     def execute(self, args: Sequence[Any]) -> Any:
-        packed = pack_command(args, self._encoder)
+        packed = pack_command(args, self._encoder, self._framed)
+        held = self._held
+        if held is not None and held.lock.acquire(False):
+            try:
+                return held.execute(self.pool, packed)
+            finally:
+                held.lock.release()
         pool = self.pool
         conn = pool.get_connection()
-
-        def send() -> Any:
-            conn.send_packed_command((packed,))  # an iterable of chunks (a bytes object would be iterated)
-            return conn.read_response()
-
         try:
-            return conn.retry.call_with_retry(send, lambda _error: conn.disconnect())
+            return _send(conn, packed)
         finally:
             try:
                 if getattr(conn, "should_reconnect", bool)():  # a server maintenance notice, as redis-py does
                     conn.disconnect()
             finally:
                 pool.release(conn)
+
+
+#: Pools allowing fewer connections than this check one out per script call (see ``DirectScripts``).
+HOLD_MIN_CONNECTIONS = 16
+#: A kept connection idle this long (seconds) gets the checkout's check again before its next call.
+HOLD_CHECK_IDLE = 1.0
+
+
+class _Held:
+    """The connection a pool keeps checked out for ``DirectScripts`` (one per pool; used under ``lock``).
+    It does not refer to the pool (``_HELD`` holds it while the pool lives)."""
+
+    __slots__ = ("conn", "lock", "used")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.conn: Any = None
+        self.used = 0.0  # time.monotonic() of the last call answered on ``conn``
+
+    def execute(self, pool: Any, packed: bytes) -> Any:
+        conn = self.conn
+        if conn is None:
+            conn = pool.get_connection()  # checked and connected, as every checkout
+            self.conn = conn
+        elif time.monotonic() - self.used >= HOLD_CHECK_IDLE:
+            try:
+                pool.ensure_connection(conn)  # the checkout's check, on a connection kept idle a while
+            except BaseException:
+                self.give_back(pool)
+                raise
+        try:
+            reply = _send(conn, packed)
+        except ResponseError:  # an error reply, read in full: the connection stays usable
+            self.used = time.monotonic()
+            raise
+        except BaseException:  # nothing is left unread on a connection kept: it goes back to the pool
+            self.give_back(pool)
+            raise
+        self.used = time.monotonic()
+        if getattr(conn, "should_reconnect", bool)():  # a server maintenance notice, as redis-py does
+            conn.disconnect()
+        return reply
+
+    def give_back(self, pool: Any) -> None:
+        """Return the connection to the pool; the next call checks one out."""
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            pool.release(conn)
+
+
+_HELD: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # pool -> its _Held
+_HELD_LOCK = threading.Lock()
+
+
+def _forked() -> None:
+    """In a forked child: every kept connection is the parent's (its socket, its pool's books), and a
+    lock may have been held by a thread the child does not have. Forget them; the pool resets itself."""
+    global _HELD_LOCK
+    _HELD_LOCK = threading.Lock()
+    for held in list(_HELD.values()):
+        held.lock = threading.Lock()
+        held.conn = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
+
+
+def _held_for(pool: Any) -> _Held | None:
+    """The pool's ``_Held``, made at its first store; None for a pool that keeps per-call checkouts."""
+    if type(pool) is not redis.ConnectionPool or (getattr(pool, "max_connections", 0) or 0) < HOLD_MIN_CONNECTIONS:
+        return None
+    with _HELD_LOCK:
+        held = _HELD.get(pool)
+        if held is None:
+            held = _HELD[pool] = _Held()
+        return held
+
+
+def _send(conn: Any, packed: bytes) -> Any:
+    """One packed command and its reply on ``conn``, under the connection's retry policy: the first
+    attempt is made before entering it (as ``ScriptPipeline.execute`` does); a failure the policy retries
+    enters it as its own first attempt's, so the policy sees the same attempts, failures and backoff."""
+    retry = conn.retry
+    supported = getattr(retry, "_supported_errors", None)
+
+    def send() -> Any:
+        conn.send_packed_command((packed,))  # an iterable of chunks (a bytes object would be iterated)
+        return conn.read_response()
+
+    if type(supported) is not tuple:  # a policy of another shape: all of it, as before
+        return retry.call_with_retry(send, lambda _error: conn.disconnect())
+    try:
+        conn.send_packed_command((packed,))
+        return conn.read_response()
+    except supported as exc:
+        first: BaseException | None = exc
+
+    def attempt() -> Any:
+        nonlocal first
+        if first is not None:
+            failed, first = first, None
+            raise failed
+        return send()
+
+    return retry.call_with_retry(attempt, lambda _error: conn.disconnect())
 
 
 def direct_scripts_for(client: Any) -> DirectScripts | None:
@@ -140,6 +293,7 @@ class ScriptPipeline:
         self._retried = tuple(getattr(self._retry, "_supported_errors", ()))
         self._timeout = self._conn.socket_timeout or None
         self._encoder = self._conn.encoder
+        self._framed: dict = {}  # pack_command's cache
         self._loop: asyncio.AbstractEventLoop | None = None
         self._connecting: asyncio.Task | None = None  # the connect attempt in progress
         self._live = False
@@ -175,7 +329,7 @@ class ScriptPipeline:
 
     def pack(self, args: Sequence[Any]) -> bytes:
         """``args`` as one RESP command (an array of bulk strings)."""
-        return pack_command(args, self._encoder)
+        return pack_command(args, self._encoder, self._framed)
 
     def _send(self, packed: bytes) -> asyncio.Future:
         loop = self._loop

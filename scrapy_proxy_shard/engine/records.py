@@ -44,6 +44,20 @@ class Lease:
     def masked_url(self) -> str:
         return mask(self.proxy_url)
 
+    @classmethod
+    def _of(cls, pool: str, site: str, proxy_id: str, proxy_url: str, member: str, token: str, expires_at: float,
+            issued_at: float, session_id: str | None, rebound: bool) -> Lease:
+        """``Lease(...)`` with every field given, made the way the lease path wants it (once per call):
+        the same object, checked by the same ``__post_init__``, without the frozen class's
+        ``object.__setattr__`` per field."""
+        self = object.__new__(cls)
+        object.__setattr__(self, "__dict__", {
+            "pool": pool, "site": site, "proxy_id": proxy_id, "proxy_url": proxy_url, "member": member,
+            "token": token, "expires_at": expires_at, "issued_at": issued_at, "session_id": session_id,
+            "rebound": rebound, "exit_session": ""})
+        self.__post_init__()
+        return self
+
 
 @dataclass(frozen=True)
 class LeaseWait:
@@ -83,6 +97,17 @@ class ReleaseResult:
     #: interval for every host; docs/pacing.md), and whether this answer widened it.
     margin: float = 0.0
     widened: bool = False
+
+    @classmethod
+    def _of(cls, status: str, now: float, ban_until: float | None, strikes: int, breaker: BreakerEvent | None,
+            interval: float | None, pace_event: str, margin: float, widened: bool) -> ReleaseResult:
+        """``ReleaseResult(...)`` with every field given, without the frozen class's ``object.__setattr__``
+        per field (the release path makes one per call): the same object."""
+        self = object.__new__(cls)
+        object.__setattr__(self, "__dict__", {
+            "status": status, "now": now, "ban_until": ban_until, "strikes": strikes, "breaker": breaker,
+            "interval": interval, "pace_event": pace_event, "margin": margin, "widened": widened})
+        return self
 
 
 @dataclass(frozen=True)

@@ -98,6 +98,9 @@ __all__ = [
 ]
 
 
+_UNSET = object()  # no value cached yet (see ``_StoreBase.__init__``)
+
+
 class _StoreBase(_Leasing, _Admin, _Views, _Hosts, _Tiers, _Gateway, _Calls):
     """Plans shared by both stores. Subclasses supply ``_drive`` (sync or async).
 
@@ -167,6 +170,8 @@ class _StoreBase(_Leasing, _Admin, _Views, _Hosts, _Tiers, _Gateway, _Calls):
         self._encode_key = _key_encoder(client)
         self._packed: dict[int, tuple[BreakerOptions, str]] = {}  # id(options) -> (options, packed)
         self._quiet_ban: tuple[BanOptions, tuple] | None = None  # (options, a non-ban release's ban args)
+        self._alpha_repr: tuple[Any, str] = (_UNSET, "")  # (ewma_alpha, release.lua's repr of it)
+        self._share_repr: tuple[Any, str] = (_UNSET, "")  # (margin_prior given, release.lua's repr of it)
 
 
 def _checked_bans(opts: BanOptions) -> BanOptions:
@@ -203,26 +208,45 @@ class PoolStore(_StoreBase):
 
     def _call(self, request: Any) -> Any:
         """One request, sent again while Redis answers BUSY or LOADING (see the module docstring)."""
-        attempt, first = 0, 0.0
+        try:
+            reply = self._execute(request)
+        except redis.RedisError as exc:
+            return self._call_again(request, exc)
+        if self._busy_since is not None:
+            self._busy_over()
+        return reply
+
+    def _call_again(self, request: Any, exc: redis.RedisError) -> Any:
+        """``_call`` after its first attempt failed with ``exc``: the pause, then the request again while
+        Redis answers BUSY or LOADING."""
+        attempt, first = 1, time.monotonic()
+        time.sleep(self._retry_pause(request, exc, attempt, first))
         while True:
             try:
                 reply = self._execute(request)
-            except redis.RedisError as exc:
+            except redis.RedisError as again:
                 attempt += 1
-                first = first or time.monotonic()
-                time.sleep(self._retry_pause(request, exc, attempt, first))
+                time.sleep(self._retry_pause(request, again, attempt, first))
                 continue
             self._busy_over()
             return reply
 
     def _run(self, build: Callable[..., Any], done: Callable[..., Any], *args: Any) -> Any:
         """A one-request operation (lease, release): ``build(*args)`` makes the request, ``done(reply,
-        request, *args)`` reads its reply (or returns ``_Continue`` with a plan to drive on)."""
+        request, *args)`` reads its reply (or returns ``_Continue`` with a plan to drive on). ``_call``
+        inlined (the hot path)."""
         if self._in_doubt:
             with contextlib.suppress(PoolBackendError):  # still unreachable: settle on a later call
                 self._drive(self._settle_plan(), settle=False)
         request = build(*args)
-        out = done(_decode(self._call(request)), request, *args)
+        try:
+            reply = self._execute(request)
+        except redis.RedisError as exc:
+            reply = self._call_again(request, exc)
+        else:
+            if self._busy_since is not None:
+                self._busy_over()
+        out = done(_decode(reply), request, *args)
         if type(out) is _Continue:
             return self._drive(out.plan, settle=False)
         return out
@@ -393,25 +417,42 @@ class AsyncPoolStore(_StoreBase, PoolBackend):
 
     async def _call(self, request: Any) -> Any:
         """One request, sent again while Redis answers BUSY or LOADING (see the module docstring)."""
-        attempt, first = 0, 0.0
+        try:
+            reply = await self._execute(request)
+        except redis.RedisError as exc:
+            return await self._call_again(request, exc)
+        if self._busy_since is not None:
+            self._busy_over()
+        return reply
+
+    async def _call_again(self, request: Any, exc: redis.RedisError) -> Any:
+        """``_call`` after its first attempt failed with ``exc`` (see ``PoolStore._call_again``)."""
+        attempt, first = 1, time.monotonic()
+        await asyncio.sleep(self._retry_pause(request, exc, attempt, first))
         while True:
             try:
                 reply = await self._execute(request)
-            except redis.RedisError as exc:
+            except redis.RedisError as again:
                 attempt += 1
-                first = first or time.monotonic()
-                await asyncio.sleep(self._retry_pause(request, exc, attempt, first))
+                await asyncio.sleep(self._retry_pause(request, again, attempt, first))
                 continue
             self._busy_over()
             return reply
 
     async def _run(self, build: Callable[..., Any], done: Callable[..., Any], *args: Any) -> Any:
-        """A one-request operation (lease, release): see ``PoolStore._run``."""
+        """A one-request operation (lease, release): see ``PoolStore._run`` (``_call`` inlined too)."""
         if self._in_doubt:
             with contextlib.suppress(PoolBackendError):  # still unreachable: settle on a later call
                 await self._drive(self._settle_plan(), settle=False)
         request = build(*args)
-        out = done(_decode(await self._call(request)), request, *args)
+        try:
+            reply = await self._execute(request)
+        except redis.RedisError as exc:
+            reply = await self._call_again(request, exc)
+        else:
+            if self._busy_since is not None:
+                self._busy_over()
+        out = done(_decode(reply), request, *args)
         if type(out) is _Continue:
             return await self._drive(out.plan, settle=False)
         return out

@@ -28,6 +28,8 @@ from scrapy_proxy_shard.exceptions import PoolBackendError, UnknownPoolError
 OUTCOMES = ("ok", "error", "ban", "dead", "unknown")
 #: ``repr`` of a release's interval factor when the interval is not randomized.
 _NO_FACTOR = repr(1.0)
+#: release.lua ARGV[27..28] without an arrival guard.
+_NO_GUARD = (0, 0)
 #: Ban reasons of a failed content check (a page that answered 2xx without what the spider needs).
 CONTENT_REASONS = frozenset({"missing_css", "small_body"})
 
@@ -106,8 +108,8 @@ class _Leasing:
     def _lease_result(self, reply, pool, site, session_id) -> Lease | LeaseWait:
         status = reply[0]
         if status == "OK":
-            return Lease(pool, site, reply[1], reply[2], reply[3], reply[4], int(reply[5]) / 1000,
-                         int(reply[6]) / 1000, session_id, bool(int(reply[8])))
+            return Lease._of(pool, site, reply[1], reply[2], reply[3], reply[4], int(reply[5]) / 1000,
+                             int(reply[6]) / 1000, session_id, bool(int(reply[8])))
         if status == "WAIT":
             return LeaseWait(int(reply[1]) / 1000, reply[2], len(reply) > 3 and int(reply[3]) == 1)
         if status == "EMPTY":
@@ -216,10 +218,26 @@ class _Leasing:
             -1 if latency is None else _latency_ms(latency),
             interval, self.host_id, session,
             _ms(max(session_ttl, 0.001)), _reason(reason or outcome), *ban_args,
-            repr(float(self.ewma_alpha)), _ms(rest_after_response, "rest_after_response"),
+            self._alpha_arg(), _ms(rest_after_response, "rest_after_response"),
             self._breaker_arg(site), self.site_idle_ms, *pace_args, told,
-            *self._guard_args(arrival_guard), _share(margin_prior), _gateway_arg(lease.exit_session),
+            *(_NO_GUARD if arrival_guard is None else self._guard_args(arrival_guard)), self._share_arg(margin_prior),
+            _gateway_arg(lease.exit_session),
         ))
+
+    def _alpha_arg(self) -> str:
+        """release.lua's EWMA alpha, ``repr(float(self.ewma_alpha))``, made again only when the value changes."""
+        alpha = self.ewma_alpha
+        cached = self._alpha_repr
+        if cached[0] is not alpha:
+            cached = self._alpha_repr = (alpha, repr(float(alpha)))
+        return cached[1]
+
+    def _share_arg(self, value: float) -> str:
+        """``_share(value)``, kept for the value object last given (a crawl passes the same one every call)."""
+        cached = self._share_repr
+        if cached[0] is not value:
+            cached = self._share_repr = (value, _share(value))
+        return cached[1]
 
     @staticmethod
     def _guard_args(arrival_guard: tuple[float, float | None] | None) -> tuple[int, int]:
@@ -232,13 +250,14 @@ class _Leasing:
 
     def _release_done(self, reply, request, *_) -> ReleaseResult:
         until = int(reply[2])
-        breaker = _breaker_event(reply[4:10]) if len(reply) > 4 and reply[4] else None
-        learned = reply[10] if len(reply) > 10 else ""
-        margin = float(reply[12]) / 1000 if len(reply) > 12 else 0.0
-        return ReleaseResult(reply[0].lower(), int(reply[1]) / 1000,
-                             until / 1000 if until else None, int(reply[3]), breaker,
-                             float(learned) / 1000 if learned else None, reply[11] if len(reply) > 11 else "",
-                             margin, len(reply) > 13 and reply[13] == "widen")
+        n = len(reply)
+        breaker = _breaker_event(reply[4:10]) if n > 4 and reply[4] else None
+        learned = reply[10] if n > 10 else ""
+        margin = float(reply[12]) / 1000 if n > 12 else 0.0
+        return ReleaseResult._of(reply[0].lower(), int(reply[1]) / 1000,
+                                 until / 1000 if until else None, int(reply[3]), breaker,
+                                 float(learned) / 1000 if learned else None, reply[11] if n > 11 else "",
+                                 margin, n > 13 and reply[13] == "widen")
 
     def breaker_options(self, site: str) -> BreakerOptions | None:
         """The circuit breaker's options for ``site`` on this store (None: off)."""
