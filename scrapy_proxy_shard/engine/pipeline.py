@@ -190,7 +190,7 @@ class _Held:
             self.conn = conn
         elif time.monotonic() - self.used >= HOLD_CHECK_IDLE:
             try:
-                pool.ensure_connection(conn)  # the checkout's check, on a connection kept idle a while
+                _ensure_connection(pool, conn)  # the checkout's check, on a connection kept idle a while
             except BaseException:
                 self.give_back(pool)
                 raise
@@ -212,6 +212,25 @@ class _Held:
         conn, self.conn = self.conn, None
         if conn is not None:
             pool.release(conn)
+
+
+def _ensure_connection(pool: Any, conn: Any) -> None:
+    """What a pool's checkout checks (``ConnectionPool.ensure_connection``, redis-py >= 6; the same steps
+    inline for redis-py 5.3, whose ``get_connection`` does them itself): connected, nothing left unread,
+    else connected again."""
+    ensure = getattr(pool, "ensure_connection", None)
+    if ensure is not None:
+        ensure(conn)
+        return
+    conn.connect()
+    try:
+        if conn.can_read():
+            raise redis.ConnectionError("Connection has data")
+    except (redis.ConnectionError, OSError):
+        conn.disconnect()
+        conn.connect()
+        if conn.can_read():
+            raise redis.ConnectionError("Connection not ready") from None
 
 
 _HELD: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # pool -> its _Held
