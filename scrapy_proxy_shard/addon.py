@@ -9,11 +9,14 @@ would lose to any project-level ``DOWNLOADER_MIDDLEWARES`` and silently load not
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from scrapy.utils.misc import load_object
 
 from scrapy_proxy_shard.crawl.wiring import BAN_MIDDLEWARE, GUARD_MIDDLEWARE, LEASE_MIDDLEWARE, PRIORITIES
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["BAN_MIDDLEWARE", "GUARD_MIDDLEWARE", "LEASE_MIDDLEWARE", "PRIORITIES", "ProxyShardAddon"]
 
@@ -23,4 +26,38 @@ class ProxyShardAddon:
 
     def update_settings(self, settings: Any) -> None:
         for path, priority in PRIORITIES.items():
-            settings.setdefault_in_component_priority_dict("DOWNLOADER_MIDDLEWARES", load_object(path), priority)
+            cls = load_object(path)
+            try:
+                settings.setdefault_in_component_priority_dict("DOWNLOADER_MIDDLEWARES", cls, priority)
+            except (ImportError, NameError, AttributeError, ValueError, TypeError):
+                # Scrapy loads every entry to compare it with ours: one of the project's cannot be
+                # loaded (a typo). Say which, once, then add ours by name: Scrapy refuses that entry
+                # itself when it builds the middlewares.
+                _name_unloadable(settings)
+                _setdefault_by_name(settings, path, cls, priority)
+
+
+def _name_unloadable(settings: Any) -> None:
+    for entry in settings.getdict("DOWNLOADER_MIDDLEWARES"):
+        if not isinstance(entry, str):
+            continue
+        try:
+            load_object(entry)
+        except (ImportError, NameError, AttributeError, ValueError, TypeError) as exc:
+            if entry not in _NAMED:
+                _NAMED.add(entry)
+                logger.error("proxy_shard: DOWNLOADER_MIDDLEWARES names %(entry)r, which cannot be loaded "
+                             "(%(e)s): fix its path or remove it", {"entry": entry, "e": exc})
+
+
+_NAMED: set[str] = set()  # entries already reported (the add-on runs once per crawler)
+
+
+def _setdefault_by_name(settings: Any, path: str, cls: type, priority: int) -> None:
+    """``setdefault_in_component_priority_dict`` without loading the other entries: ours is listed
+    already when an entry names it (its path, or the class itself)."""
+    components = settings.getdict("DOWNLOADER_MIDDLEWARES")
+    if any(entry == path or entry is cls for entry in components):
+        return
+    components[cls] = priority
+    settings.set("DOWNLOADER_MIDDLEWARES", components, settings.getpriority("DOWNLOADER_MIDDLEWARES"))

@@ -15,7 +15,7 @@ from scrapy_proxy_shard.settings import ShardSettings
 
 SECRET = "FileS3cret-9"
 GOOD = f"""# datacenter proxies
-http://u:{SECRET}@10.0.0.1:3128
+http://u:{SECRET}@10.0.0.1:3128   # EU, bought 2026-11
 
   10.0.0.2:3128
 # 10.0.0.99:3128 (off for now)

@@ -389,3 +389,25 @@ def test_sigterm_is_not_held_up_by_requests_waiting_for_a_proxy(tmp_path, world)
     assert took < 15, f"the crawl took {took:.1f}s to stop after SIGTERM"
     assert "'proxy_shard/wait/cancelled_at_stop': 1" in stderr, stderr[-3000:]
     assert len(world.site.entries) == len(PROXY_IPS) and set(world.ips()) <= set(PROXY_IPS)
+
+
+def test_the_addon_names_a_project_middleware_that_cannot_be_loaded(caplog):
+    """A typo in the project's DOWNLOADER_MIDDLEWARES: Scrapy's setdefault loads every entry and would
+    fail inside the add-on with a traceback through the plugin; the add-on names the entry in one line
+    and adds its middlewares by name (Scrapy refuses the entry itself when it builds the middlewares)."""
+    from scrapy.settings import Settings
+
+    from scrapy_proxy_shard.addon import PRIORITIES, ProxyShardAddon
+
+    settings = Settings({"DOWNLOADER_MIDDLEWARES": {"nowhere.middlewares.Typo": 543, GUARD: None}})
+    with caplog.at_level(logging.ERROR, logger="scrapy_proxy_shard.addon"):
+        ProxyShardAddon().update_settings(settings)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "'nowhere.middlewares.Typo', which cannot be loaded" in lines[0], lines
+    assert "fix its path or remove it" in lines[0]
+    chosen = settings.getdict("DOWNLOADER_MIDDLEWARES")
+    names = {getattr(k, "__module__", "") + "." + getattr(k, "__name__", "") if not isinstance(k, str) else k: v
+             for k, v in chosen.items()}
+    assert names[LEASE] == PRIORITIES[LEASE] and names[BAN] == PRIORITIES[BAN]
+    assert names[GUARD] is None  # the user's own entry for one of ours still wins
+    assert names["nowhere.middlewares.Typo"] == 543  # never dropped: Scrapy names it again at build time

@@ -4,7 +4,7 @@ Two formats, told apart by the first line that is neither blank nor a ``#`` comm
 
 - plain: one proxy per line in any form ``parse_proxy`` accepts (``scheme://user:pass@host:port``,
   ``host:port``, ``host:port:user:pass``), or a gateway entry (``<template>#sessions=N``, whose line
-  gives N pool members, see ``engine/gateway.py``);
+  gives N pool members, see ``engine/gateway.py``); a note may follow an entry after blanks and ``#``;
 - CSV: a header naming the columns, ``url`` first, then any of ``type``, ``provider``, ``country``
   (tags shown by ``list`` and kept with the proxy), e.g. ``url,type,provider,country``.
 
@@ -75,6 +75,11 @@ def check_tags(tags: dict[str, str]) -> dict[str, str]:
     return out
 
 
+#: Where a note after an entry starts: blanks then ``#`` (``#session=`` / ``#sessions=`` marks follow the URL
+#: without a blank).
+_INLINE_NOTE = re.compile(r"\s+#")
+
+
 def parse_proxy_list(text: str, *, tags: dict[str, str] | None = None) -> ProxyList:
     """Parse a whole file; ``tags`` apply to every proxy (CSV columns override them)."""
     result = ProxyList()
@@ -96,6 +101,8 @@ def parse_proxy_list(text: str, *, tags: dict[str, str] | None = None) -> ProxyL
                         f"{', '.join(COLUMNS[1:])} (unknown or repeated: {', '.join(unknown) or 'url'})")))
                     return result
                 continue
+        if header is None:  # a note after an entry: "10.0.0.1:3128  # EU" (a URL has no blank in it)
+            line = _INLINE_NOTE.split(line, 1)[0]
         try:
             proxies = _parse_line(line, header, dict(tags or {}))
         except ProxyURLError as exc:
