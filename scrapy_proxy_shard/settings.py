@@ -99,6 +99,7 @@ DEFAULTS: dict[str, Any] = {
     "PROXY_SHARD_SITE_IDLE_TTL": 3600.0,  # a site's slot state expires this long after its last use
     "PROXY_SHARD_SITES": {},
     "PROXY_SHARD_SITE_GROUPS": {},
+    "PROXY_SHARD_LEARN_SITE_GROUPS": True,  # link sites whose bans coincide on two proxies (crawl/links.py)
     "PROXY_SHARD_BAN_TTL": 1800.0,
     "PROXY_SHARD_BAN_MAX_TTL": 21600.0,
     "PROXY_SHARD_BAN_JITTER": 0.1,
@@ -175,7 +176,7 @@ COORDINATION_SETTINGS: dict[str, str] = {
     "PROXY_SHARD_NAMESPACE": "which keys the hosts share",
     **dict.fromkeys(("PROXY_SHARD_POOL", "PROXY_SHARD_SITE_POOLS", "PROXY_SHARD_PLATFORMS", "PROXY_SHARD_TIERS"),
                     "which pool the hosts lease from"),
-    "PROXY_SHARD_SITE_GROUPS": "which sites the hosts pace as one",
+    **dict.fromkeys(("PROXY_SHARD_SITE_GROUPS", "PROXY_SHARD_LEARN_SITE_GROUPS"), "which sites the hosts pace as one"),
     **dict.fromkeys(("PROXY_SHARD_PROXIES", "PROXY_SHARD_PROXIES_PATH"), "which proxies are in the pool"),
     **dict.fromkeys(("PROXY_SHARD_HOSTS", "PROXY_SHARD_HOST_ID", "PROXY_SHARD_SHARDING"),
                     "how the proxies are split between hosts"),
@@ -347,6 +348,7 @@ class ShardSettings:
     site_idle_ttl: float
     sites: Mapping[str, SiteOptions]
     site_groups: Mapping[str, tuple[str, ...]]
+    learn_site_groups: bool
     bans: BanOptions
     retry_after: bool
     latency_ewma_alpha: float
@@ -489,6 +491,7 @@ class ShardSettings:
             site_idle_ttl=site_idle_ttl,
             sites=sites,
             site_groups=_site_groups(s),
+            learn_site_groups=_boolean(s, "PROXY_SHARD_LEARN_SITE_GROUPS"),
             bans=bans,
             retry_after=_boolean(s, "PROXY_SHARD_RETRY_AFTER"),
             latency_ewma_alpha=_number(get, "PROXY_SHARD_LATENCY_EWMA_ALPHA", minimum=0.001, maximum=1.0),

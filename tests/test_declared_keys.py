@@ -141,6 +141,11 @@ def _cycle(url: str) -> None:
         store.content_check(POOL, "g.example", "fail", proxy_id=pid, check="'div.x'", suspects=2)
     store.content_check(POOL, "h.example", "pass")
     store.content_check(POOL, "h.example", "fail", proxy_id=ids[0], check="'div.x'")
+    # learned site groups: two proxies' coinciding rate bans link two sites
+    for pid in ids:
+        for site in ("k.example", "l.example"):
+            store.site_link(POOL, site, pid, quarantine=30)
+    assert store.site_link(POOL, "-", "", quarantine=0).groups == {"l.example": "k.example"}
     # sticky sessions: a use, its release, a rebind after a ban, the end
     sticky = store.lease(POOL, "c.example", ttl=5, session_id="s 1", session_ttl=60)
     store.release(sticky, min_interval=0, session_ttl=60)

@@ -28,7 +28,7 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from scrapy_proxy_shard.crawl.logstats import PoolLogStats
@@ -59,7 +59,8 @@ class HostMonitor:
 
     def __init__(self, store: PoolBackend, settings: ShardSettings, *, pools: Iterable[str], stats: Any = None,
                  spider_name: str | None = None, clock: Callable[[], float] | None = None,
-                 on_taken: Callable[[HostIdTaken], None] | None = None) -> None:
+                 on_taken: Callable[[HostIdTaken], None] | None = None,
+                 on_beat: Callable[[str], Awaitable[None]] | None = None) -> None:
         self.store = store
         self.settings = settings
         self.pools = tuple(dict.fromkeys(pools))  # always registered: the spider's and configured pools
@@ -76,6 +77,7 @@ class HostMonitor:
         self._joined = False
         self._taken_logged = False
         self.on_taken = on_taken  # called once when the id is taken over while running (the runtime closes)
+        self.on_beat = on_beat  # awaited after each pool's beat (the runtime reads what the hosts learned)
         self.stats = stats
 
     @classmethod
@@ -86,7 +88,8 @@ class HostMonitor:
         under such a pool, and an outage's fallback gave it a slice of a pool it does not use."""
         s: ShardSettings = runtime.settings
         return cls(runtime.store, s, pools=[pool], stats=runtime.stats,
-                   spider_name=getattr(spider, "name", None), on_taken=runtime.host_id_taken)
+                   spider_name=getattr(spider, "name", None), on_taken=runtime.host_id_taken,
+                   on_beat=runtime.links.refresh)
 
     async def start(self) -> None:
         """Register at once (so ``hosts`` shows the crawl from its first second), then beat on.
@@ -179,6 +182,8 @@ class HostMonitor:
                 else:
                     self._idle.discard(pool)
                     self.beats[pool] = beat
+                    if self.on_beat is not None:
+                        await self.on_beat(pool)
         except HostIdTaken:
             raise
         except ProxyShardError as exc:

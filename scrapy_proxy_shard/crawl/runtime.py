@@ -25,6 +25,7 @@ from scrapy_proxy_shard.crawl.browser import OWN_CONTEXT, PROXY_AUTHORIZATION
 from scrapy_proxy_shard.crawl.content import ContentChecks
 from scrapy_proxy_shard.crawl.gateways import GatewayRuntime
 from scrapy_proxy_shard.crawl.health import HostMonitor
+from scrapy_proxy_shard.crawl.links import SiteLinker
 from scrapy_proxy_shard.crawl.liveness import Liveness, close_spider_soon
 from scrapy_proxy_shard.crawl.logstats import INTERVAL_STAT, MARGIN_STAT
 from scrapy_proxy_shard.crawl.startup import StartupGate, check_eviction
@@ -179,6 +180,8 @@ class ShardRuntime:
         self.tiers = TierRouter(self)
         #: Gateway slots: a ban rotates the session token; reported exit IPs are recorded (gateways.py).
         self.gateways = GatewayRuntime(settings.gateway, self.stats, lambda: self.store)
+        #: Site groups learned from bans: sites that share a blacklist (links.py).
+        self.links = SiteLinker(self)
 
     @classmethod
     def for_crawler(cls, crawler: Any) -> ShardRuntime:
@@ -1028,6 +1031,8 @@ class ShardRuntime:
                 )
                 if retry_after is not None:
                     self.stats.inc_value(f"{STATS}/bans/retry_after")
+                if outcome == "ban":
+                    await self.links.banned(lease, result, reason, retry_after)
         if result.breaker is not None:
             self._breaker_event(lease, result.breaker, reason or outcome)
         if lease.session_id and request.meta.get("proxy_shard_end_session"):

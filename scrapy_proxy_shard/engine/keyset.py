@@ -26,7 +26,8 @@ LEASE_MEMO = "lease_memo"
 
 #: Keys of the pool, named ``<prefix>:<role>``.
 POOL_ROLES = frozenset({s.PROXIES, s.TAGS, s.ORDER, s.SITEIDX, s.BANS, s.BANIDX, s.PSTATS, s.HSTATS, s.SSTATS,
-                        s.COUNTERS, s.META, s.HOSTS, s.HOSTINFO, s.LOAD, s.GWROT, s.GWEXIT, s.GWBUSY})
+                        s.COUNTERS, s.META, s.HOSTS, s.HOSTINFO, s.LOAD, s.GWROT, s.GWEXIT, s.GWBUSY,
+                        s.LINKBAN, s.LINKEV, s.LINKS})
 #: Keys of the call's site, named ``<prefix>:<role>:<site>``.
 SITE_ROLES = frozenset({s.SITE, s.READY, s.WAITING, s.FREED, s.BREAKER, s.BREAKER_SEEN, s.PACE, s.CONTENT,
                         s.SITESTATS})
@@ -54,6 +55,7 @@ ROLES: dict[str, tuple[str, ...]] = {
     "content": (s.PROXIES, s.SITESTATS, s.BREAKER, s.CONTENT),
     "gateway_rotate": (s.PROXIES, s.COUNTERS, s.GWROT),
     "gateway_exit": (s.PROXIES, s.COUNTERS, s.GWEXIT),
+    "site_link": (s.LINKBAN, s.LINKEV, s.LINKS),
 }
 #: Scripts whose KEYS depend on data (built by ``sites_keys``, ``session_keys``, ``migrate_*_keys``,
 #: ``tier_keys``).

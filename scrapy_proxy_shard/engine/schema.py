@@ -48,9 +48,12 @@ CONTENT = "content"      # HASH per site: whether a content check ever passed th
 GWROT = "gwrot"          # HASH "<gateway id>|<site>" -> "rotations|window start ms" (gateway_rotate.lua)
 GWEXIT = "gwexit"        # HASH exit IP -> "<proxy id>|<token>|until_ms": the gateway slot seen on it
 GWBUSY = "gwbusy"        # HASH gateway slot id -> "lease token|expires_ms": its request in flight (lease.lua)
+LINKBAN = "linkban"      # HASH proxy id -> "<site>|<until ms>": its latest rate ban (site_link.lua)
+LINKEV = "linkev"        # HASH "<a>|<b>" -> "<proxy id>|<ms>": one proxy's evidence that a and b share a blacklist
+LINKS = "links"          # HASH site -> its learned group's key, "~v" -> the map's version (site_link.lua)
 KEY_SUFFIXES = (PROXIES, TAGS, ORDER, SITE, SITEIDX, READY, SESSION, BANS, BANIDX, PSTATS, HSTATS, SSTATS,
                 SITESTATS, COUNTERS, WAITING, FREED, HOSTS, HOSTINFO, LOAD, DONE, META, BREAKER, BREAKER_SEEN,
-                PACE, CONTENT, GWROT, GWEXIT, GWBUSY)
+                PACE, CONTENT, GWROT, GWEXIT, GWBUSY, LINKBAN, LINKEV, LINKS)
 #: Keys of the layout before sites learnt proxies lazily (read only by the in-place migration,
 #: ``PoolStore.migrate``: P:sites is the hash site -> slots per proxy, P:sitebuild is deleted).
 LEGACY_SITES = "sites"

@@ -51,6 +51,7 @@ OPERATIONS = (
     "content",
     "gateway_rotate",
     "gateway_exit",
+    "site_link",
     "sites",
     "sessions",
     "migrate",

@@ -3,8 +3,9 @@
 By default a site is the registrable domain of the request URL (``shop.example.co.uk`` →
 ``example.co.uk``), from the Public Suffix List snapshot bundled with tldextract (never fetched at run
 time). A site may be mapped to a *site group* — sites that share one blacklist — so one IP is never
-seen on two of them at once and a ban on one counts for all. The lease engine only ever sees the
-resulting key.
+seen on two of them at once and a ban on one counts for all: groups declared
+(``PROXY_SHARD_SITE_GROUPS``), then groups learned from bans (``SiteMap.learn``). The lease engine only
+ever sees the resulting key.
 """
 
 from __future__ import annotations
@@ -92,6 +93,8 @@ class SiteMap:
     def __init__(self, groups: Mapping[str, Iterable[str]] | None = None) -> None:
         self._group_of: dict[str, str] = {}
         self._by_host: dict[str, str] = {}  # host name -> key: every request asks, most of one host
+        self._learned_of: dict[str, dict[str, str]] = {}  # pool -> its learned groups (SiteMap.learn)
+        self._learned: dict[str, str] = {}  # every pool's, one map: key -> its learned group's key
         for group, members in (groups or {}).items():
             if not isinstance(group, str) or not SITE_KEY_RE.fullmatch(group):
                 raise SettingError(
@@ -109,28 +112,57 @@ class SiteMap:
                         f"({previous!r} and {group!r})"
                     )
 
+    def _key(self, site: str) -> str:
+        key = self._group_of.get(site, site)
+        return self._learned.get(key, key) if self._learned else key
+
     def key_for_site(self, site: str) -> str:
-        site = registrable_domain(site)
-        return self._group_of.get(site, site)
+        return self._key(registrable_domain(site))
 
     def key_for_url(self, url: str) -> str:
-        site = site_of_url(url)
-        return self._group_of.get(site, site)
+        return self._key(site_of_url(url))
 
     def key_for_host(self, host: str) -> str:
         """The key of a host name as a parsed URL gives it (lower case): one dict lookup once seen."""
         key = self._by_host.get(host)
         if key is None:
-            site = registrable_domain(host)
-            key = self._group_of.get(site, site)
+            key = self._key(registrable_domain(host))
             if len(self._by_host) >= HOST_CACHE:
                 self._by_host.clear()
             self._by_host[host] = key
         return key
 
     def key_for_request(self, request) -> str:
-        site = site_of_request(request)
-        return self._group_of.get(site, site)
+        return self._key(site_of_request(request))
+
+    def learn(self, pool: str, groups: Mapping[str, str]) -> bool:
+        """Take ``pool``'s learned site groups (site key -> group key, as Redis keeps them: see
+        ``engine/store_links.py``). The groups of every pool apply to every request (a shared blacklist is
+        the sites', not a pool's): two pools' groups that share a site are one group, keyed by its least
+        key. Returns True when the keys changed."""
+        self._learned_of[pool] = dict(groups)
+        parent: dict[str, str] = {}
+
+        def root(key: str) -> str:
+            while parent.get(key, key) != key:
+                key = parent[key]
+            return key
+
+        for mapping in self._learned_of.values():
+            for site, group in mapping.items():
+                a, b = root(site), root(group)
+                if a != b:
+                    parent[max(a, b)] = min(a, b)
+        learned = {key: root(key) for key in parent}
+        if learned == self._learned:
+            return False
+        self._learned = learned
+        self._by_host.clear()
+        return True
+
+    def learned(self) -> dict[str, str]:
+        """Learned site groups in force: site key -> group key."""
+        return dict(self._learned)
 
     def groups(self) -> dict[str, str]:
         return dict(self._group_of)

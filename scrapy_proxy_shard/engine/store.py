@@ -74,6 +74,7 @@ from scrapy_proxy_shard.engine.store_calls import (
 from scrapy_proxy_shard.engine.store_gateway import _Gateway
 from scrapy_proxy_shard.engine.store_hosts import _Hosts
 from scrapy_proxy_shard.engine.store_lease import _Leasing
+from scrapy_proxy_shard.engine.store_links import LINK_EVIDENCE, LINK_KEEP, LINK_MAX_GROUP, SiteLinks, _Links
 from scrapy_proxy_shard.engine.store_views import _Views
 from scrapy_proxy_shard.engine.tiers import TierOptions, TierState, _Tiers
 from scrapy_proxy_shard.exceptions import PoolBackendError
@@ -101,11 +102,12 @@ __all__ = [
 _UNSET = object()  # no value cached yet (see ``_StoreBase.__init__``)
 
 
-class _StoreBase(_Leasing, _Admin, _Views, _Hosts, _Tiers, _Gateway, _Calls):
+class _StoreBase(_Leasing, _Admin, _Views, _Hosts, _Tiers, _Gateway, _Links, _Calls):
     """Plans shared by both stores. Subclasses supply ``_drive`` (sync or async).
 
     Composed of one mixin per concern, each in its own module: ``_Leasing`` (store_lease.py), ``_Admin``
-    (store_admin.py), ``_Views`` (store_views.py), ``_Hosts`` (store_hosts.py) and the per-call plumbing
+    (store_admin.py), ``_Views`` (store_views.py), ``_Hosts`` (store_hosts.py), ``_Links`` (store_links.py) and
+    the per-call plumbing
     ``_Calls`` (store_calls.py); this class holds the state they share (``__init__``)."""
 
     def __init__(
@@ -359,6 +361,14 @@ class PoolBackend(Protocol):
                              window: float) -> Any: ...
 
     async def gateway_exit(self, pool: str, proxy_id: str, sent_url: str, ip: str, *, ttl: float) -> Any: ...
+
+    async def site_link(self, pool: str, site: str, proxy_id: str, *, quarantine: float, known: str = "",
+                        evidence: float = LINK_EVIDENCE, max_group: int = LINK_MAX_GROUP,
+                        keep: float = LINK_KEEP) -> SiteLinks | None:
+        """Report a rate-ban quarantine of ``proxy_id`` on ``site`` (0 s: only read): the evidence that two
+        sites share a blacklist (store_links.py); the pool's learned site groups when not ``known``. None
+        while Redis is away (the local fallback learns nothing)."""
+        ...
 
     async def pools(self) -> list[str]: ...
 

@@ -44,6 +44,7 @@ from scrapy_proxy_shard.engine.store import (
     PoolBackend,
     ReleaseResult,
 )
+from scrapy_proxy_shard.engine.store_links import LINK_EVIDENCE, LINK_KEEP, LINK_MAX_GROUP
 from scrapy_proxy_shard.engine.tiers import TierOptions, TierState
 from scrapy_proxy_shard.exceptions import (
     HostIdTaken,
@@ -311,6 +312,18 @@ class FallbackPoolStore(PoolBackend):
     async def gateway_exit(self, pool: str, proxy_id: str, sent_url: str, ip: str, *, ttl: float) -> Any:
         store = self.primary if self.state == "redis" else self._ensure_local()
         return await store.gateway_exit(pool, proxy_id, sent_url, ip, ttl=ttl)
+
+    async def site_link(self, pool: str, site: str, proxy_id: str, *, quarantine: float, known: str = "",
+                        evidence: float = LINK_EVIDENCE, max_group: int = LINK_MAX_GROUP,
+                        keep: float = LINK_KEEP) -> Any:
+        """Redis learns for every host; while it is away nothing is learned (the groups known stay)."""
+        if self.state != "redis":
+            return None
+        try:
+            return await self.primary.site_link(pool, site, proxy_id, quarantine=quarantine, known=known,
+                                                evidence=evidence, max_group=max_group, keep=keep)
+        except PoolUnreachable:
+            return None
 
     async def breaker(self, pool: str, site: str) -> Any:
         store = self.primary if self.state == "redis" else self._ensure_local()

@@ -83,6 +83,10 @@ SECTIONS: tuple[StatSection, ...] = (
         _doc("proxy_shard/bans/retry_after", FINISH, "of which quarantined for the site's own `Retry-After` "
              "(`PROXY_SHARD_RETRY_AFTER`)"),
         _doc("proxy_shard/dead", FINISH, "proxy-wide quarantines"),
+        _doc("proxy_shard/site_groups/linked", FINISH, "links of two sites found to share a blacklist that this "
+             "host's rate bans made ([learned site groups](../pacing.md#shared-blacklists-learned))"),
+        _doc("proxy_shard/site_groups/learned_sites", "runtime (at a ban or heartbeat)", "sites this host "
+             "leases under a learned group's key"),
         _doc("proxy_shard/released_at_close", "runtime `spider_closed`", "leases still held at close, given "
              "back"),
         _doc("proxy_shard/ban_retries/count, proxy_shard/ban_retries/reason_count/{reason}",

@@ -53,6 +53,7 @@
 --                               exits, is migrated by PoolStore.migrate: lease.lua and hold.lua answer
 --                               MIGRATE until then)
 --   P:pace:<site>        HASH   adaptive pacing: the site's learned interval (see "Adaptive pacing" below)
+--   P:links, P:linkev, P:linkban  HASH  site groups learned from bans (see site_link.lua)
 -- Times are milliseconds of the Redis server clock (TIME), so host clock skew cannot cause overlaps.
 
 -- K_<ROLE> locals (K_MEMO, K_PROXIES, ... K_BRKSEEN, K_LEASE_MEMO: the role in capitals) are bound to

@@ -1,0 +1,89 @@
+"""Site groups learned from bans: sites that share one blacklist, found out by the crawl.
+
+Two domains behind one anti-bot system count an IP's requests together, so an IP in flight on both
+at once, or sent to one while the other has it banned, is banned on both. ``PROXY_SHARD_SITE_GROUPS``
+declares such sites; without it, every site is leased on its own and such a crawl loses pages to bans
+it cannot explain. So each rate-type quarantine (a ban reason of ``PROXY_SHARD_AUTOTHROTTLE_BAN_REASONS``,
+or any ban with a ``Retry-After``) is reported to Redis (``engine/lua/site_link.lua``): a proxy
+rate-banned on one site while it is quarantined on another is evidence that the two share a
+blacklist, and the same evidence from a second, distinct proxy links them for every host (one proxy
+bad everywhere links nothing; hard blocks such as a 403 never count). From then on the two are one site
+group: one slot per IP across both, one pace, one ban scope (``SiteMap.learn``).
+
+Every host learns the map at its own bans, and at each heartbeat otherwise (``refresh``). Redis keeps it
+7 days after the last link; ``DEL {<namespace>:<pool>}:links`` forgets it. ``PROXY_SHARD_LEARN_SITE_GROUPS
+= False`` turns the learning off (declared groups still apply).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from scrapy_proxy_shard.engine.records import Lease, ReleaseResult
+from scrapy_proxy_shard.exceptions import ProxyShardError
+
+logger = logging.getLogger(__name__)
+
+STATS = "proxy_shard"
+
+
+class SiteLinker:
+    """Reports rate bans to Redis and keeps the crawl's ``SiteMap`` up to date with the learned groups."""
+
+    def __init__(self, runtime: Any) -> None:
+        self.runtime = runtime
+        self.enabled = bool(runtime.settings.learn_site_groups)
+        self._known: dict[str, str] = {}  # pool -> the map version this host holds
+
+    def counts(self, reason: str | None, retry_after: float | None) -> bool:
+        """Whether a quarantine of this reason is evidence (a rate-type ban: never a hard block)."""
+        return retry_after is not None or (reason is not None
+                                           and reason in self.runtime.settings.autothrottle_ban_reasons)
+
+    async def banned(self, lease: Lease, result: ReleaseResult, reason: str | None,
+                     retry_after: float | None) -> None:
+        """A release quarantined ``lease``'s proxy on its site: tell Redis when it is a rate ban."""
+        if not self.enabled or result.ban_until is None or not self.counts(reason, retry_after):
+            return
+        await self._ask(lease.pool, lease.site, lease.proxy_id, max(0.001, result.ban_until - result.now))
+
+    async def refresh(self, pool: str) -> None:
+        """Read ``pool``'s learned groups when they changed (one short call: the version, else the map)."""
+        if self.enabled:
+            await self._ask(pool, "-", "", 0.0)
+
+    async def _ask(self, pool: str, site: str, proxy_id: str, quarantine: float) -> None:
+        try:
+            links = await self.runtime.store.site_link(pool, site, proxy_id, quarantine=quarantine,
+                                                      known=self._known.get(pool, ""))
+        except ProxyShardError as exc:
+            logger.debug("proxy_shard: learned site groups of pool %(pool)r not read: %(e)s", {"pool": pool, "e": exc})
+            return
+        if links is None:
+            return
+        stats = self.runtime.stats
+        if links.linked is not None:
+            stats.inc_value(f"{STATS}/site_groups/linked")
+            a, b = links.linked
+            logger.warning(
+                "proxy_shard: sites %(a)s and %(b)s share a blacklist (two proxies were rate-banned on one while "
+                "quarantined on the other, proxy %(proxy)s the second): every host now leases, paces and "
+                "quarantines them as one site group %(a)s. Declare PROXY_SHARD_SITE_GROUPS to skip the learning "
+                "cost, or DEL the pool's links key to forget", {"a": a, "b": b, "proxy": proxy_id})
+        if links.groups is None:
+            return
+        self._known[pool] = links.version
+        if self.runtime.sites.learn(pool, links.groups):
+            learned = self.runtime.sites.learned()
+            stats.set_value(f"{STATS}/site_groups/learned_sites", len(learned))
+            if links.linked is None:
+                logger.info("proxy_shard: learned site groups of pool %(pool)r now in force: %(groups)s",
+                            {"pool": pool, "groups": _shown(learned)})
+
+
+def _shown(learned: dict[str, str]) -> str:
+    groups: dict[str, list[str]] = {}
+    for site, group in sorted(learned.items()):
+        groups.setdefault(group, [group]).append(site)
+    return "; ".join(", ".join(members) for members in groups.values()) or "none"

@@ -1,0 +1,89 @@
+-- site_link.lua: learn, from bans, which sites share one blacklist (a site group nobody declared).
+-- Two sites behind one anti-bot system count one IP's requests together: a proxy quarantined on one of
+-- them (a rate ban) is then banned on the other too, at its next request there, although it broke no
+-- rule of that site alone. So: a rate ban of proxy X on site B while X is quarantined on site A is
+-- *evidence* that A and B share a blacklist; the same evidence from a second, distinct proxy within
+-- ARGV[4] ms links them for every host: both are then leased, paced and quarantined as one site group.
+-- One proxy's coincidence never links (a proxy that is bad everywhere is banned everywhere).
+--   P:linkban  HASH  proxy id -> "<site key>|<until ms>": its latest rate-ban quarantine
+--   P:linkev   HASH  "<a>|<b>" (a < b, group keys) -> "<proxy id>|<ms>": the pending evidence
+--   P:links    HASH  site key -> its group's key (the least key of the group; a group's own key has
+--                    no field), and "~v" -> the map's version (raised at each link). Kept ARGV[6] ms
+--                    after the last link; an operator forgets every learned group with DEL.
+-- KEYS: linkban linkev links   (roles in order, see engine/keyset.py)
+-- ARGV[1]  the site key the ban was on (as leased: already mapped to its group)
+-- ARGV[2]  proxy id    ARGV[3] the quarantine's length, ms (0: only read the map)
+-- ARGV[4]  how long one proxy's evidence waits for another's, ms
+-- ARGV[5]  most sites a learned group may hold (a link that would make it larger is refused)
+-- ARGV[6]  how long the learned map is kept after its last link, ms
+-- ARGV[7]  the map's version the caller knows ("" or a number)
+-- Replies:
+--   {version, linked}              the caller's version is current (linked: "" or "<a>|<b>" just linked)
+--   {version, linked, k1, g1, ...} else the map too: each linked site key and its group's key
+
+local bad = arg_str(1, 'site') or arg_str(2, 'proxy id') or arg_int(3, 'quarantine ms', 0, MAX_MS)
+  or arg_int(4, 'evidence ms', 1, MAX_MS) or arg_int(5, 'group size', 2, MAX_CONCURRENCY)
+  or arg_int(6, 'keep ms', 1, MAX_MS) or arg_str(7, 'version', true)
+if bad then return redis.error_reply(bad) end
+
+local site, id, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local evidence_ms, max_size, keep_ms = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local now = now_ms()
+local linked = ''
+
+local function group_of(key)
+  return redis.call('HGET', K_LINKS, key) or key
+end
+
+-- Link the groups a < b: every site of b (and b itself) now points at a.
+local function link(a, b)
+  local map = redis.call('HGETALL', K_LINKS)
+  local size_a, size_b, of_b = 1, 1, {}
+  for i = 1, #map, 2 do
+    if map[i + 1] == a then size_a = size_a + 1
+    elseif map[i + 1] == b then size_b = size_b + 1; of_b[#of_b + 1] = map[i] end
+  end
+  if size_a + size_b > max_size then return false end
+  for _, key in ipairs(of_b) do redis.call('HSET', K_LINKS, key, a) end
+  redis.call('HSET', K_LINKS, b, a)
+  redis.call('HINCRBY', K_LINKS, '~v', 1)
+  redis.call('PEXPIRE', K_LINKS, keep_ms)
+  return true
+end
+
+if ttl > 0 then
+  local prev = redis.call('HGET', K_LINKBAN, id)
+  redis.call('HSET', K_LINKBAN, id, site .. '|' .. istr(now + ttl))
+  if redis.call('PTTL', K_LINKBAN) < ttl then redis.call('PEXPIRE', K_LINKBAN, ttl) end
+  local other, until_ms
+  if prev then other, until_ms = string.match(prev, '^(.*)|(%d+)$') end
+  if other and tonumber(until_ms) > now then
+    local a, b = group_of(other), group_of(site)
+    if a > b then a, b = b, a end
+    if a ~= b then
+      local pair = a .. '|' .. b
+      local ev = redis.call('HGET', K_LINKEV, pair)
+      local by, at
+      if ev then by, at = string.match(ev, '^(.*)|(%d+)$') end
+      if by and by ~= id and now - tonumber(at) <= evidence_ms then
+        redis.call('HDEL', K_LINKEV, pair)
+        if link(a, b) then linked = pair end
+      elseif not by or by ~= id or now - tonumber(at) > evidence_ms then
+        redis.call('HSET', K_LINKEV, pair, id .. '|' .. istr(now))
+        if redis.call('PTTL', K_LINKEV) < evidence_ms then redis.call('PEXPIRE', K_LINKEV, evidence_ms) end
+      end
+    end
+  end
+end
+
+local version = redis.call('HGET', K_LINKS, '~v') or '0'
+if version == ARGV[7] then return {version, linked} end
+local reply = {version, linked}
+local map = redis.call('HGETALL', K_LINKS)
+for i = 1, #map, 2 do
+  if map[i] ~= '~v' then
+    reply[#reply + 1] = map[i]
+    reply[#reply + 1] = map[i + 1]
+  end
+end
+return reply
