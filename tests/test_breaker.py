@@ -223,3 +223,17 @@ def test_a_malformed_breaker_argument_is_refused_before_any_write(make_store, ba
         store.release(lease, outcome="ban", reason="http_403")
     assert store.bans(POOL) == []
     assert store.breaker_options(SITE) is not None
+
+
+@pytest.mark.parametrize(("told", "cool"), [
+    ([0.2] * 5, 0.2),  # every ban said when the site takes the IP back: the cool-off is the longest word
+    ([0.2, 0.3, 0.2, 0.2, 0.2], 0.3),
+    ([0.2, 0.2, None, 0.2, 0.2], 0.5),  # one ban said nothing: the configured cool-off
+    ([5.0] * 5, 0.5),  # never longer than the configured one (a probe costs one request)
+])
+def test_the_cooloff_follows_the_sites_retry_after_when_every_ban_gave_one(hosts, told, cool):
+    leases = [lease_ok(hosts[0]) for _ in range(5)]
+    results = [hosts[0].release(lease, outcome="ban", reason="http_429", retry_after=t)
+               for lease, t in zip(leases, told, strict=True)]
+    assert results[-1].breaker.kind == "opened"
+    assert results[-1].breaker.cooloff == pytest.approx(cool)

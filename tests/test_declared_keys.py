@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import re
 import threading
+import time
 
 import pytest
 import redis
@@ -141,10 +142,12 @@ def _cycle(url: str) -> None:
         store.content_check(POOL, "g.example", "fail", proxy_id=pid, check="'div.x'", suspects=2)
     store.content_check(POOL, "h.example", "pass")
     store.content_check(POOL, "h.example", "fail", proxy_id=ids[0], check="'div.x'")
-    # learned site groups: two proxies' coinciding rate bans link two sites
-    for pid in ids:
+    # learned site groups: three proxies rate-banned after a clean answer on one site while quarantined
+    # on the other link the two (and the link restarts the group's adaptive pace)
+    for pid in [p.id for p in store.list_proxies(POOL)][:3]:
         for site in ("k.example", "l.example"):
-            store.site_link(POOL, site, pid, quarantine=30)
+            client.hset(schema.pace_key(store.prefix(POOL), site), f"p:{pid}", "c")
+            store.site_link(POOL, site, pid, quarantine=30, start=3.0)
     assert store.site_link(POOL, "-", "", quarantine=0).groups == {"l.example": "k.example"}
     # sticky sessions: a use, its release, a rebind after a ban, the end
     sticky = store.lease(POOL, "c.example", ttl=5, session_id="s 1", session_ttl=60)
@@ -186,7 +189,7 @@ def _cycle(url: str) -> None:
     store.add_proxies(POOL, URLS[-1:])
     assert store.heartbeat(POOL, ttl=0.001) is not None
     other = PoolStore(client, namespace="dk", host_id="h2")
-    client.execute_command("PING")
+    time.sleep(0.01)  # h1's 1 ms heartbeat TTL has passed on the Redis clock (a PING alone can take less)
     assert other.heartbeat(POOL, ttl=30, info={"spider": "x"}).sites  # forgets h1 (dead) on the way
     assert [h.host for h in other.hosts(POOL)] == ["h2"]
     assert [row[0] for row in other.host_list(POOL)[1]] == ["h2"]  # the fallback's read, stamped

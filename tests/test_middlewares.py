@@ -18,7 +18,7 @@ from scrapy.utils.test import get_crawler
 from twisted.internet.error import ConnectionRefusedError
 
 from scrapy_proxy_shard import signals as shard_signals
-from scrapy_proxy_shard.addon import ProxyShardAddon
+from scrapy_proxy_shard.addon import SITE_AWARE_QUEUE, ProxyShardAddon
 from scrapy_proxy_shard.crawl.startup import StartupGate
 from scrapy_proxy_shard.crawl.wiring import enabled_middlewares
 from scrapy_proxy_shard.engine.store import PoolStore
@@ -499,6 +499,16 @@ def test_addon_inserts_both_middlewares_before_httpproxy():
     middlewares = enabled_middlewares(crawler.settings)
     assert middlewares[ProxyShardMiddleware] == 610
     assert middlewares[BanDetectionMiddleware] == 620
+
+
+@pytest.mark.parametrize(("settings", "queue"), [
+    ({}, SITE_AWARE_QUEUE),  # requests waiting for a lease count as busy: the other sites fill the slots
+    ({"JOBDIR": "crawl-1"}, "scrapy.pqueues.DownloaderAwarePriorityQueue"),  # resumed with its own queue
+    ({"SCHEDULER_PRIORITY_QUEUE": "scrapy.pqueues.ScrapyPriorityQueue"}, "scrapy.pqueues.ScrapyPriorityQueue"),
+])
+def test_addon_makes_the_site_aware_queue_the_default_unless_the_project_chose(settings, queue):
+    crawler = get_crawler(ShopSpider, {"ADDONS": {ProxyShardAddon: 0}, **settings})
+    assert crawler.settings.get("SCHEDULER_PRIORITY_QUEUE") == queue
 
 
 def test_a_quarantined_proxy_does_not_make_waiters_sleep_through_a_release():

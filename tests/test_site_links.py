@@ -15,6 +15,7 @@ import time
 from scrapy import Request
 from test_middlewares import Harness, _next_ms, run
 
+from scrapy_proxy_shard.engine import schema
 from scrapy_proxy_shard.engine.sites import SiteMap
 
 POOL = "main"
@@ -29,54 +30,87 @@ def _groups(store) -> dict[str, str]:
     return store.site_link(POOL, "-", "", quarantine=0).groups
 
 
-def test_two_proxies_banned_on_both_sites_link_them_one_does_not(store):
+def _mark(store, site: str, pid: str, mark: str) -> None:
+    """The proxy's last answer on the site as release.lua records it (site_mark): ``c`` clean, ``f<ms>``
+    a brief quarantine after a clean answer, ``g<ms>`` one after a ban, ``b`` a hard block."""
+    store.client.hset(schema.site_part(store.prefix(POOL), schema.PACE, site), f"p:{pid}", mark)
+
+
+def _banned(store, site: str, pid: str, *, after_clean: bool = True, **kwargs):
+    """A rate ban of ``pid`` on ``site`` as the crawl reports it: after the release wrote its mark."""
+    _mark(store, site, pid, "f15000" if after_clean else "g15000")
+    return store.site_link(POOL, site, pid, quarantine=kwargs.pop("quarantine", 30), **kwargs)
+
+
+def test_three_proxies_banned_on_one_site_while_quarantined_on_the_other_link_them(store):
     store.add_proxies(POOL, URLS)
-    p1, p2, p3 = _ids(store)[:3]
+    p1, p2, p3, p4 = _ids(store)[:4]
     # one proxy, banned on a then b, then again: its own coincidences never link
-    for _ in range(2):
+    for _ in range(3):
         for site in ("a.example", "b.example"):
-            assert store.site_link(POOL, site, p1, quarantine=30).linked is None
+            assert _banned(store, site, p1).linked is None
+    # bans that follow bans (a site rejecting every IP at once) are no evidence
+    for pid in (p2, p3):
+        for site in ("a.example", "b.example", "a.example"):
+            assert _banned(store, site, pid, after_clean=False).linked is None
     assert _groups(store) == {}
-    # a third site banned for p2 alone, no quarantine elsewhere: nothing
-    assert store.site_link(POOL, "c.example", p3, quarantine=30).linked is None
-    # the second distinct proxy links them (in either order of the two sites)
-    store.site_link(POOL, "b.example", p2, quarantine=30)
-    links = store.site_link(POOL, "a.example", p2, quarantine=30)
+    # a ban with no quarantine elsewhere: nothing
+    assert _banned(store, "c.example", p4).linked is None
+    # clean-then-banned on b while quarantined on a: p2 and p3 add to p1's evidence, the third links
+    assert _banned(store, "b.example", p2).linked is None
+    paces = [schema.pace_key(store.prefix(POOL), site) for site in ("a.example", "b.example")]
+    for key in paces:  # the votes of the bans that link them raised their intervals
+        store.client.hset(key, "iv", "4500.000")
+    links = _banned(store, "b.example", p3)
     assert links.linked == ("a.example", "b.example")
+    assert store.client.exists(*paces) == 0  # forgotten: the group learns its own from the start
     assert links.groups == {"b.example": "a.example"} and links.version == "1"
     # a caller who knows the version gets no map; a linked site resolves to its group in later evidence
     assert store.site_link(POOL, "-", "", quarantine=0, known="1").groups is None
-    store.site_link(POOL, "b.example", p3, quarantine=30)  # p3: c then b (= group a)
-    for site in ("c.example", "b.example"):
-        store.site_link(POOL, site, p1, quarantine=30)
+    for pid in (p1, p2, p4):  # each: quarantined on b (= group a), then clean-then-banned on c
+        _banned(store, "b.example", pid)
+        _banned(store, "c.example", pid)
     assert _groups(store) == {"b.example": "a.example", "c.example": "a.example"}
+
+
+def test_a_ban_spared_by_the_breaker_counts_when_the_proxy_answered_clean_before(store):
+    store.add_proxies(POOL, URLS)
+    ids = _ids(store)[:3]
+    for pid in ids:
+        store.site_link(POOL, "a.example", pid, quarantine=30)
+        _mark(store, "b.example", pid, "c")  # the spared ban wrote no mark: the clean answer's stays
+        links = store.site_link(POOL, "b.example", pid, quarantine=15)
+    assert links.linked == ("a.example", "b.example")
 
 
 def test_evidence_counts_only_while_the_first_quarantine_runs_and_within_the_window(store):
     store.add_proxies(POOL, URLS)
-    p1, p2, p3 = _ids(store)[:3]
-    store.site_link(POOL, "a.example", p1, quarantine=0.05)
+    p1, p2, p3, p4 = _ids(store)[:4]
+    _banned(store, "a.example", p1, quarantine=0.05)
     time.sleep(0.1)
-    store.site_link(POOL, "b.example", p1, quarantine=30)  # the a quarantine is over: no evidence
-    store.site_link(POOL, "a.example", p2, quarantine=30)
-    store.site_link(POOL, "b.example", p2, quarantine=30)  # the first evidence for (a, b)
+    _banned(store, "b.example", p1)  # the a quarantine is over: no evidence
+    for pid in (p2, p3):
+        _banned(store, "a.example", pid)
+        _banned(store, "b.example", pid)  # evidence for (a, b): 2 of 3
     assert _groups(store) == {}
     time.sleep(0.1)
-    store.site_link(POOL, "a.example", p3, quarantine=30)
-    links = store.site_link(POOL, "b.example", p3, quarantine=30, evidence=0.05)  # p2's evidence too old
+    _banned(store, "a.example", p4)
+    links = _banned(store, "b.example", p4, evidence=0.05)  # p2's and p3's evidence is too old
     assert links.linked is None and links.groups == {}
-    store.site_link(POOL, "b.example", p1, quarantine=30)
-    assert store.site_link(POOL, "a.example", p1, quarantine=30, evidence=60).linked == ("a.example", "b.example")
+    for pid in (p1, p2):  # with p4's, within the window: the third links
+        _banned(store, "a.example", pid, after_clean=False)
+        links = _banned(store, "b.example", pid, evidence=60)
+    assert links.linked == ("a.example", "b.example")
 
 
 def test_a_learned_group_stays_within_its_bound(store):
     store.add_proxies(POOL, URLS)
-    p1, p2 = _ids(store)[:2]
+    ids = _ids(store)[:3]
 
     def link(x, y):
-        for pid in (p1, p2):
-            store.site_link(POOL, x, pid, quarantine=30, max_group=3)
-            store.site_link(POOL, y, pid, quarantine=30, max_group=3)
+        for pid in ids:
+            _banned(store, x, pid, max_group=3)
+            _banned(store, y, pid, max_group=3)
 
     link("a.example", "b.example")
     link("b.example", "c.example")
@@ -97,7 +131,7 @@ def test_groups_of_several_pools_are_one_map_keyed_by_the_least_key():
     assert sites.key_for_site("c.test") == "b.test"
 
 
-def test_rate_bans_link_sites_for_every_host_hard_blocks_do_not(caplog):
+def test_rate_bans_after_clean_answers_link_sites_for_every_host_hard_blocks_do_not(caplog):
     one = Harness(pool="default")
     two_settings = {"PROXY_SHARD_HOST_ID": "second-host"}
 
@@ -126,10 +160,13 @@ def test_rate_bans_link_sites_for_every_host_hard_blocks_do_not(caplog):
         for url in ("http://x-shop.test/1", "http://y-shop.test/1"):
             await ban(one, url, 403)
         assert one.runtime.sites.learned() == {}
-        # two proxies, each rate-banned (429 + Retry-After) on a-shop then b-shop
-        for _ in range(2):
-            pid = await ban(one, "http://a-shop.test/2", 429, {"Retry-After": "30"})
-            request = await lease_for(one, pid, "http://b-shop.test/2")
+        # three proxies, each rate-banned (429 + Retry-After) on a-shop, then on b-shop after a clean answer
+        for i in range(3):
+            pid = await ban(one, f"http://a-shop.test/{i}", 429, {"Retry-After": "30"})
+            request = await lease_for(one, pid, f"http://b-shop.test/clean-{i}")
+            await _next_ms()
+            await one.respond(request)
+            request = await lease_for(one, pid, f"http://b-shop.test/{i}")
             await _next_ms()
             await one.respond(request, status=429, body=b"slow down", headers={"Retry-After": "30"})
         return one.runtime.sites.key_for_url("http://b-shop.test/3")
@@ -149,3 +186,17 @@ def test_rate_bans_link_sites_for_every_host_hard_blocks_do_not(caplog):
         return two.runtime.sites.key_for_host("www.b-shop.test")
 
     assert asyncio.run(other()) == "a-shop.test"
+
+
+def test_a_link_restarts_the_groups_adaptive_pace_and_the_blacklists_bans_do_not_vote(store):
+    store.add_proxies(POOL, URLS)
+    ids = _ids(store)[:3]
+    for pid in ids:
+        _banned(store, "a.example", pid, after_clean=False)
+        links = _banned(store, "b.example", pid, quarantine=15, start=3.0)
+    assert links.linked == ("a.example", "b.example")
+    pace = store.client.hgetall(schema.pace_key(store.prefix(POOL), "a.example"))
+    assert pace["iv"] == "3000.000" and pace["bad"] == "0" and pace["vote"] == ""
+    # requests started before the blacklist's quarantines end cast no vote (pace_release counts from eff)
+    assert int(pace["eff"]) - int(pace["chg"]) == 15000
+    assert store.client.pttl(schema.pace_key(store.prefix(POOL), "a.example")) > 6 * 86400000

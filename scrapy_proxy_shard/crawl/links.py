@@ -5,10 +5,11 @@ at once, or sent to one while the other has it banned, is banned on both. ``PROX
 declares such sites; without it, every site is leased on its own and such a crawl loses pages to bans
 it cannot explain. So each rate-type quarantine (a ban reason of ``PROXY_SHARD_AUTOTHROTTLE_BAN_REASONS``,
 or any ban with a ``Retry-After``) is reported to Redis (``engine/lua/site_link.lua``): a proxy
-rate-banned on one site while it is quarantined on another is evidence that the two share a
-blacklist, and the same evidence from a second, distinct proxy links them for every host (one proxy
-bad everywhere links nothing; hard blocks such as a 403 never count). From then on the two are one site
-group: one slot per IP across both, one pace, one ban scope (``SiteMap.learn``).
+rate-banned on one site right after a clean answer there, while it is quarantined on another, is
+evidence that the two share a blacklist, and the same evidence from three distinct proxies links them
+for every host (one proxy bad everywhere links nothing; bans after bans and hard blocks never count).
+From then on the two are one site group: one slot per IP across both, one pace, one ban scope
+(``SiteMap.learn``).
 
 Every host learns the map at its own bans, and at each heartbeat otherwise (``refresh``). Redis keeps it
 7 days after the last link; ``DEL {<namespace>:<pool>}:links`` forgets it. ``PROXY_SHARD_LEARN_SITE_GROUPS
@@ -43,20 +44,33 @@ class SiteLinker:
 
     async def banned(self, lease: Lease, result: ReleaseResult, reason: str | None,
                      retry_after: float | None) -> None:
-        """A release quarantined ``lease``'s proxy on its site: tell Redis when it is a rate ban."""
-        if not self.enabled or result.ban_until is None or not self.counts(reason, retry_after):
+        """A release judged ``lease``'s answer a ban: tell Redis when it is a rate ban. A ban the site's
+        open circuit breaker spared (no quarantine) counts for the site's ``Retry-After``: the site still
+        said how long it refuses the IP, and a shared blacklist's first round of bans often opens it."""
+        if not self.enabled or not self.counts(reason, retry_after):
             return
-        await self._ask(lease.pool, lease.site, lease.proxy_id, max(0.001, result.ban_until - result.now))
+        if result.ban_until is not None:
+            quarantine = result.ban_until - result.now
+        elif result.breaker is not None and retry_after:
+            quarantine = retry_after
+        else:
+            return
+        await self._ask(lease.pool, lease.site, lease.proxy_id, max(0.001, quarantine), self._start(lease.site))
 
     async def refresh(self, pool: str) -> None:
         """Read ``pool``'s learned groups when they changed (one short call: the version, else the map)."""
         if self.enabled:
             await self._ask(pool, "-", "", 0.0)
 
-    async def _ask(self, pool: str, site: str, proxy_id: str, quarantine: float) -> None:
+    def _start(self, site: str) -> float:
+        """The adaptive start interval a group linked through ``site`` begins at (0: not adaptive)."""
+        pace = self.runtime.options_of(site).autothrottle
+        return pace.start_interval if pace is not None and pace.enabled else 0.0
+
+    async def _ask(self, pool: str, site: str, proxy_id: str, quarantine: float, start: float = 0.0) -> None:
         try:
             links = await self.runtime.store.site_link(pool, site, proxy_id, quarantine=quarantine,
-                                                      known=self._known.get(pool, ""))
+                                                      known=self._known.get(pool, ""), start=start)
         except ProxyShardError as exc:
             logger.debug("proxy_shard: learned site groups of pool %(pool)r not read: %(e)s", {"pool": pool, "e": exc})
             return
@@ -67,10 +81,10 @@ class SiteLinker:
             stats.inc_value(f"{STATS}/site_groups/linked")
             a, b = links.linked
             logger.warning(
-                "proxy_shard: sites %(a)s and %(b)s share a blacklist (two proxies were rate-banned on one while "
-                "quarantined on the other, proxy %(proxy)s the second): every host now leases, paces and "
-                "quarantines them as one site group %(a)s. Declare PROXY_SHARD_SITE_GROUPS to skip the learning "
-                "cost, or DEL the pool's links key to forget", {"a": a, "b": b, "proxy": proxy_id})
+                "proxy_shard: sites %(a)s and %(b)s share a blacklist (proxies answered clean on one, then were "
+                "rate-banned there while quarantined on the other; proxy %(proxy)s the third): every host now "
+                "leases, paces and quarantines them as one site group %(a)s. Declare PROXY_SHARD_SITE_GROUPS "
+                "to skip the learning cost, or DEL the pool's links key to forget", {"a": a, "b": b, "proxy": proxy_id})
         if links.groups is None:
             return
         self._known[pool] = links.version

@@ -1031,8 +1031,8 @@ class ShardRuntime:
                 )
                 if retry_after is not None:
                     self.stats.inc_value(f"{STATS}/bans/retry_after")
-                if outcome == "ban":
-                    await self.links.banned(lease, result, reason, retry_after)
+        if outcome == "ban" and recorded == outcome:  # a rate ban may say two sites share a blacklist
+            await self.links.banned(lease, result, reason, retry_after)
         if result.breaker is not None:
             self._breaker_event(lease, result.breaker, reason or outcome)
         if lease.session_id and request.meta.get("proxy_shard_end_session"):

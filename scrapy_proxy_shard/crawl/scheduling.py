@@ -12,8 +12,9 @@ of the download slot (by default, the host name) with the fewest downloads in pr
 waiting in a downloader middleware is not in its slot yet, so it counts for nothing there.
 ``SiteAwarePriorityQueue`` is that queue with the requests each slot has waiting for a lease
 (``ShardRuntime.asking``) added to its downloads, so a site with many requests waiting is served
-last, and the other sites fill the concurrency. Opt-in, because Scrapy resumes a ``JOBDIR`` crawl
-only with the priority queue it started with::
+last, and the other sites fill the concurrency. The add-on sets it where the project left Scrapy's queue and
+no ``JOBDIR`` is set (Scrapy resumes a ``JOBDIR`` crawl only with the priority queue it started with);
+by hand::
 
     SCHEDULER_PRIORITY_QUEUE = "scrapy_proxy_shard.crawl.scheduling.SiteAwarePriorityQueue"
 

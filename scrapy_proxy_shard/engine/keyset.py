@@ -55,7 +55,7 @@ ROLES: dict[str, tuple[str, ...]] = {
     "content": (s.PROXIES, s.SITESTATS, s.BREAKER, s.CONTENT),
     "gateway_rotate": (s.PROXIES, s.COUNTERS, s.GWROT),
     "gateway_exit": (s.PROXIES, s.COUNTERS, s.GWEXIT),
-    "site_link": (s.LINKBAN, s.LINKEV, s.LINKS),
+    "site_link": (s.LINKBAN, s.LINKEV, s.LINKS, s.PACE),
 }
 #: Scripts whose KEYS depend on data (built by ``sites_keys``, ``session_keys``, ``migrate_*_keys``,
 #: ``tier_keys``).

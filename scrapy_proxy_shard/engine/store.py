@@ -74,7 +74,14 @@ from scrapy_proxy_shard.engine.store_calls import (
 from scrapy_proxy_shard.engine.store_gateway import _Gateway
 from scrapy_proxy_shard.engine.store_hosts import _Hosts
 from scrapy_proxy_shard.engine.store_lease import _Leasing
-from scrapy_proxy_shard.engine.store_links import LINK_EVIDENCE, LINK_KEEP, LINK_MAX_GROUP, SiteLinks, _Links
+from scrapy_proxy_shard.engine.store_links import (
+    LINK_EVIDENCE,
+    LINK_KEEP,
+    LINK_MAX_GROUP,
+    LINK_PROXIES,
+    SiteLinks,
+    _Links,
+)
 from scrapy_proxy_shard.engine.store_views import _Views
 from scrapy_proxy_shard.engine.tiers import TierOptions, TierState, _Tiers
 from scrapy_proxy_shard.exceptions import PoolBackendError
@@ -364,7 +371,7 @@ class PoolBackend(Protocol):
 
     async def site_link(self, pool: str, site: str, proxy_id: str, *, quarantine: float, known: str = "",
                         evidence: float = LINK_EVIDENCE, max_group: int = LINK_MAX_GROUP,
-                        keep: float = LINK_KEEP) -> SiteLinks | None:
+                        keep: float = LINK_KEEP, proxies: int = LINK_PROXIES, start: float = 0.0) -> SiteLinks | None:
         """Report a rate-ban quarantine of ``proxy_id`` on ``site`` (0 s: only read): the evidence that two
         sites share a blacklist (store_links.py); the pool's learned site groups when not ``known``. None
         while Redis is away (the local fallback learns nothing)."""

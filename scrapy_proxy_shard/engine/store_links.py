@@ -6,14 +6,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from scrapy_proxy_shard.engine import keyset
-from scrapy_proxy_shard.engine.store_calls import Plan, _ms, _name, _Script
+from scrapy_proxy_shard.engine import schema as keys
+from scrapy_proxy_shard.engine.store_calls import Plan, _Command, _ms, _name, _Script
 
-#: How long one proxy's evidence that two sites share a blacklist waits for a second proxy's.
-LINK_EVIDENCE = 300.0
+#: How long the first proxy's evidence that two sites share a blacklist waits for the others' (seconds).
+LINK_EVIDENCE = 60.0
+#: Distinct proxies whose evidence links two sites.
+LINK_PROXIES = 3
 #: The most sites one learned group may hold (a link that would make it larger is refused).
 LINK_MAX_GROUP = 32
 #: How long Redis keeps the learned groups after the last link (seconds).
 LINK_KEEP = 7 * 86400.0
+#: How long a learned pace is kept (_lib.lua PACE_KEEP_MS; its field xp says until when).
+PACE_KEEP_MS = 7 * 86400000
 
 
 @dataclass(frozen=True)
@@ -31,24 +36,42 @@ class _Links:
     """Learned site groups (mixed into ``store._StoreBase``)."""
 
     def site_link(self, pool: str, site: str, proxy_id: str, *, quarantine: float, known: str = "",
-                  evidence: float = LINK_EVIDENCE, max_group: int = LINK_MAX_GROUP, keep: float = LINK_KEEP):
-        """Tell Redis that ``proxy_id`` starts a rate-ban quarantine of ``quarantine`` seconds on ``site``
-        (0: tell nothing, read the map): when it is already quarantined on another site, that is
-        evidence the two share a blacklist, and the second proxy's evidence links them for every host.
-        Returns ``SiteLinks`` (its map only when ``known`` is not the current version)."""
-        return self._drive(self._site_link(pool, site, proxy_id, quarantine, known, evidence, max_group, keep))
+                  evidence: float = LINK_EVIDENCE, max_group: int = LINK_MAX_GROUP, keep: float = LINK_KEEP,
+                  proxies: int = LINK_PROXIES, start: float = 0.0):
+        """Tell Redis that ``proxy_id`` was rate-banned on ``site`` (after the release that said so), for
+        ``quarantine`` seconds (0: tell nothing, read the map): when the ban followed a clean answer
+        there and the proxy is quarantined on another site, that is evidence the two share a blacklist;
+        ``proxies`` distinct proxies' evidence within ``evidence`` seconds links them for every host.
+        Returns ``SiteLinks`` (its map only when ``known`` is not the current version).
 
-    def _site_link(self, pool, site, proxy_id, quarantine, known, evidence, max_group, keep) -> Plan:
+        A link forgets both sites' adaptive pacing: the bans that linked them voted as rate bans and
+        raised their intervals, though the blacklist, not the pace, refused the IPs. With ``start`` (the
+        group's adaptive start interval, seconds) the group's pace starts there at once, and no rate ban
+        of a request started within ``quarantine`` of the link votes on it: IPs the blacklist still
+        refuses are quarantined on the other site only, and their next request on the group is refused
+        for that."""
+        return self._drive(self._site_link(pool, site, proxy_id, quarantine, known, evidence, max_group, keep,
+                                           proxies, start))
+
+    def _site_link(self, pool, site, proxy_id, quarantine, known, evidence, max_group, keep, proxies,
+                   start) -> Plan:
         _name(site, "site")
         if quarantine:
             _name(proxy_id, "proxy id")
         ttl = max(0, _ms(quarantine, "quarantine")) if quarantine else 0
-        reply = yield _Script("site_link", keyset.script_keys("site_link", self.prefix(pool)), (
+        reply = yield _Script("site_link", keyset.script_keys("site_link", self.prefix(pool), site), (
             site, proxy_id or "-", ttl, max(1, _ms(evidence, "evidence")), max(2, int(max_group)),
-            max(1, _ms(keep, "keep")), known))
-        version, linked = str(reply[0]), str(reply[1])
+            max(1, _ms(keep, "keep")), known, max(1, int(proxies))))
+        version, linked, now = str(reply[0]), str(reply[1]), int(reply[2])
         pair = tuple(linked.split("|", 1)) if linked else None
-        if len(reply) == 2 and version == known:
+        if pair is not None:
+            paces = [keys.pace_key(self.prefix(pool), key) for key in pair]
+            yield _Command(("DEL", *paces))
+            if start > 0:
+                yield _Command(("HSET", paces[0], "iv", f"{_ms(start, 'start')}.000", "chg", now, "eff", now + ttl,
+                                "run", 0, "bad", 0, "vote", "", "probe", "", "xp", now + PACE_KEEP_MS))
+                yield _Command(("PEXPIRE", paces[0], PACE_KEEP_MS))
+        if len(reply) == 3 and version == known:
             return SiteLinks(version, None, pair)
-        rest = [str(x) for x in reply[2:]]
+        rest = [str(x) for x in reply[3:]]
         return SiteLinks(version, dict(zip(rest[::2], rest[1::2], strict=True)), pair)

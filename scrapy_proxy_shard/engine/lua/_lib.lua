@@ -748,18 +748,24 @@ local function breaker_on_release(site, token, outcome, now, b)
 end
 
 -- release.lua, after a ban on the site started a quarantine while the breaker is closed: remember it,
--- and open the breaker if the evidence is now enough. Returns {"opened", bans, distinct proxies,
--- "reason:n,...", window_ms, cool_ms} when this call opened it, else nil.
-local function breaker_evidence(site, id, reason, now, conf)
-  redis.call('ZADD', K_BRKSEEN, now, id .. '|' .. reason .. '|' .. istr(now))
+-- and open the breaker if the evidence is now enough. `told`: the site's Retry-After of the ban (ms, 0:
+-- none); when every ban of the evidence carried one, the cool-off is the longest of them if that is
+-- shorter than the configured one (the site said when it takes the IPs back: probing later wastes the
+-- time between). Returns {"opened", bans, distinct proxies, "reason:n,...", window_ms, cool_ms} when
+-- this call opened it, else nil.
+local function breaker_evidence(site, id, reason, now, conf, told)
+  redis.call('ZADD', K_BRKSEEN, now, id .. '|' .. reason .. '|' .. istr(now) .. '|' .. istr(told or 0))
   redis.call('ZREMRANGEBYSCORE', K_BRKSEEN, '-inf', '(' .. istr(now - conf.window))
   redis.call('ZREMRANGEBYRANK', K_BRKSEEN, 0, -(BREAKER_SEEN_MAX + 1))
   redis.call('PEXPIRE', K_BRKSEEN, conf.window)
   local seen = redis.call('ZRANGE', K_BRKSEEN, 0, -1)
   if #seen < conf.threshold then return nil end
   local proxies, distinct, reasons, order = {}, 0, {}, {}
+  local told_max = 0  -- the longest Retry-After of the evidence; -1 once a ban came without one
   for _, m in ipairs(seen) do
-    local pid, why = string.match(m, '^(.*)|([^|]*)|%d+$')
+    local pid, why, said = string.match(m, '^(.*)|([^|]*)|%d+|(%d+)$')
+    said = tonumber(said) or 0
+    if said <= 0 then told_max = -1 elseif told_max >= 0 and said > told_max then told_max = said end
     if pid and not proxies[pid] then
       proxies[pid] = true
       distinct = distinct + 1
@@ -772,11 +778,13 @@ local function breaker_evidence(site, id, reason, now, conf)
   if distinct < conf.min_proxies then return nil end
   local parts = {}
   for _, why in ipairs(order) do parts[#parts + 1] = why .. ':' .. reasons[why] end
+  local cool = conf.cool
+  if told_max > 0 and told_max < cool then cool = told_max end
   redis.call('DEL', K_BREAKER, K_BRKSEEN)
   redis.call('HSET', K_BREAKER, 'maxc', istr(conf.maxc), 'probes', conf.probes, 'since', istr(now), 'trips', 0)
-  breaker_open_for(conf.cool, now)
+  breaker_open_for(cool, now)
   site_stat('brk_open')
-  return {'opened', #seen, distinct, table.concat(parts, ','), conf.window, conf.cool}
+  return {'opened', #seen, distinct, table.concat(parts, ','), conf.window, cool}
 end
 
 -- ==== Adaptive pacing (PROXY_SHARD_AUTOTHROTTLE_*; the control law is argued in docs/pacing.md) ====

@@ -242,6 +242,7 @@ elseif outcome == 'ban' or outcome == 'dead' then
   redis.call('HINCRBY', K_HSTATS, host .. ':banned', 1)
   redis.call('HINCRBY', K_SITESTATS, 'banned', 1)
   local started = 0
+  local told = tonumber(ARGV[26])
   if not (outcome == 'ban' and spare) then  -- spared: the site's breaker is open or half-open
     -- Quarantine fit to the cause: a rate-type ban, or any ban of a proxy that answered clean or came
     -- back from a brief quarantine, is brief: from the site's rest (learned from when banned IPs come
@@ -249,7 +250,6 @@ elseif outcome == 'ban' or outcome == 'dead' then
     -- after its rest, the IP's escalated length becomes the site's rest (if it answered clean before
     -- that series: see brief_of). A hard block (a first contact
     -- answered 403, or a ban after a block) keeps the ban TTL. The site's Retry-After wins over both.
-    local told = tonumber(ARGV[26])
     -- banned again right after a brief quarantine of this length, and whether it answered clean before
     local before, lineage = brief_of(last_answer)
     local brief = outcome == 'ban' and (kind == 1 or last_answer == 'c' or before ~= nil)
@@ -273,7 +273,7 @@ elseif outcome == 'ban' or outcome == 'dead' then
     end
   end
   if outcome == 'ban' and started == 1 and breaker then
-    event = breaker_evidence(site, id, ARGV[10], now, breaker)
+    event = breaker_evidence(site, id, ARGV[10], now, breaker, told)
   end
   if ban_until > 0 and status == 'OK' and sid ~= '' then
     -- A banned session proxy: the session's slot must wait for the quarantine too.

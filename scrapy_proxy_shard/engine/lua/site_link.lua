@@ -1,33 +1,40 @@
 -- site_link.lua: learn, from bans, which sites share one blacklist (a site group nobody declared).
 -- Two sites behind one anti-bot system count one IP's requests together: a proxy quarantined on one of
 -- them (a rate ban) is then banned on the other too, at its next request there, although it broke no
--- rule of that site alone. So: a rate ban of proxy X on site B while X is quarantined on site A is
--- *evidence* that A and B share a blacklist; the same evidence from a second, distinct proxy within
--- ARGV[4] ms links them for every host: both are then leased, paced and quarantined as one site group.
--- One proxy's coincidence never links (a proxy that is bad everywhere is banned everywhere).
+-- rule of that site alone. So: a rate ban of proxy X on site B that follows a clean answer of X on B
+-- (its mark in B's pace hash, see site_mark in _lib.lua: 'c' when the ban was spared by the breaker,
+-- 'f...' when it started a quarantine), while X is quarantined on site A, is *evidence* that A and B
+-- share a blacklist; the same evidence from ARGV[8] distinct proxies within ARGV[4] ms of the first
+-- links them for every host: both are then leased, paced and quarantined as one site group. One
+-- proxy's coincidences never link (a proxy that is bad everywhere is banned everywhere), nor do bans
+-- that follow bans (a site rejecting every IP at once: an opening wave, a breaker's probe round).
 --   P:linkban  HASH  proxy id -> "<site key>|<until ms>": its latest rate-ban quarantine
---   P:linkev   HASH  "<a>|<b>" (a < b, group keys) -> "<proxy id>|<ms>": the pending evidence
+--   P:linkev   HASH  "<a>|<b>" (a < b, group keys) -> "<ms of the first>|<proxy id>|...": pending evidence
 --   P:links    HASH  site key -> its group's key (the least key of the group; a group's own key has
 --                    no field), and "~v" -> the map's version (raised at each link). Kept ARGV[6] ms
 --                    after the last link; an operator forgets every learned group with DEL.
--- KEYS: linkban linkev links   (roles in order, see engine/keyset.py)
+-- KEYS: linkban linkev links pace   (roles in order, see engine/keyset.py; pace: ARGV[1]'s)
 -- ARGV[1]  the site key the ban was on (as leased: already mapped to its group)
 -- ARGV[2]  proxy id    ARGV[3] the quarantine's length, ms (0: only read the map)
 -- ARGV[4]  how long one proxy's evidence waits for another's, ms
 -- ARGV[5]  most sites a learned group may hold (a link that would make it larger is refused)
 -- ARGV[6]  how long the learned map is kept after its last link, ms
 -- ARGV[7]  the map's version the caller knows ("" or a number)
+-- ARGV[8]  distinct proxies whose evidence links two sites
 -- Replies:
---   {version, linked}              the caller's version is current (linked: "" or "<a>|<b>" just linked)
---   {version, linked, k1, g1, ...} else the map too: each linked site key and its group's key
+--   {version, linked, now}              the caller's version is current (linked: "" or "<a>|<b>" just
+--                                       linked; now: the Redis clock, ms)
+--   {version, linked, now, k1, g1, ...} else the map too: each linked site key and its group's key
 
 local bad = arg_str(1, 'site') or arg_str(2, 'proxy id') or arg_int(3, 'quarantine ms', 0, MAX_MS)
   or arg_int(4, 'evidence ms', 1, MAX_MS) or arg_int(5, 'group size', 2, MAX_CONCURRENCY)
   or arg_int(6, 'keep ms', 1, MAX_MS) or arg_str(7, 'version', true)
+  or arg_int(8, 'evidence proxies', 1, MAX_CONCURRENCY)
 if bad then return redis.error_reply(bad) end
 
 local site, id, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local evidence_ms, max_size, keep_ms = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local needed = tonumber(ARGV[8])
 local now = now_ms()
 local linked = ''
 
@@ -60,16 +67,27 @@ if ttl > 0 then
   if other and tonumber(until_ms) > now then
     local a, b = group_of(other), group_of(site)
     if a > b then a, b = b, a end
-    if a ~= b then
+    local mark = redis.call('HGET', K_PACE, 'p:' .. id)
+    if a ~= b and mark and (mark == 'c' or string.sub(mark, 1, 1) == 'f') then
       local pair = a .. '|' .. b
       local ev = redis.call('HGET', K_LINKEV, pair)
-      local by, at
-      if ev then by, at = string.match(ev, '^(.*)|(%d+)$') end
-      if by and by ~= id and now - tonumber(at) <= evidence_ms then
+      local first, seen = now, {}
+      if ev then
+        local parts = {}
+        for part in string.gmatch(ev, '[^|]+') do parts[#parts + 1] = part end
+        if now - tonumber(parts[1]) <= evidence_ms then
+          first = tonumber(parts[1])
+          for i = 2, #parts do seen[#seen + 1] = parts[i] end
+        end
+      end
+      local known = false
+      for _, by in ipairs(seen) do if by == id then known = true end end
+      if not known then seen[#seen + 1] = id end
+      if #seen >= needed then
         redis.call('HDEL', K_LINKEV, pair)
         if link(a, b) then linked = pair end
-      elseif not by or by ~= id or now - tonumber(at) > evidence_ms then
-        redis.call('HSET', K_LINKEV, pair, id .. '|' .. istr(now))
+      elseif not known then
+        redis.call('HSET', K_LINKEV, pair, istr(first) .. '|' .. table.concat(seen, '|'))
         if redis.call('PTTL', K_LINKEV) < evidence_ms then redis.call('PEXPIRE', K_LINKEV, evidence_ms) end
       end
     end
@@ -77,8 +95,8 @@ if ttl > 0 then
 end
 
 local version = redis.call('HGET', K_LINKS, '~v') or '0'
-if version == ARGV[7] then return {version, linked} end
-local reply = {version, linked}
+if version == ARGV[7] then return {version, linked, now} end
+local reply = {version, linked, now}
 local map = redis.call('HGETALL', K_LINKS)
 for i = 1, #map, 2 do
   if map[i] ~= '~v' then
