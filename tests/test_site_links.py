@@ -13,7 +13,7 @@ import logging
 import time
 
 from scrapy import Request
-from test_middlewares import Harness, _next_ms, run
+from test_middlewares import PAGE, Harness, _next_ms, run
 
 from scrapy_proxy_shard.engine import schema
 from scrapy_proxy_shard.engine.sites import SiteMap
@@ -160,12 +160,20 @@ def test_rate_bans_after_clean_answers_link_sites_for_every_host_hard_blocks_do_
         for url in ("http://x-shop.test/1", "http://y-shop.test/1"):
             await ban(one, url, 403)
         assert one.runtime.sites.learned() == {}
-        # three proxies, each rate-banned (429 + Retry-After) on a-shop, then on b-shop after a clean answer
+        # three proxies, each answered clean on b-shop, then rate-banned (429 + Retry-After) on a-shop, then
+        # on b-shop at its next request there (the shared blacklist refuses it)
+        used = set()
         for i in range(3):
-            pid = await ban(one, f"http://a-shop.test/{i}", 429, {"Retry-After": "30"})
-            request = await lease_for(one, pid, f"http://b-shop.test/clean-{i}")
+            request = Request(f"http://b-shop.test/clean-{i}", dont_filter=True)
+            await one.lease_mw.process_request(request)
+            pid = request.meta["proxy_shard_proxy_id"]
+            assert pid not in used
+            used.add(pid)
             await _next_ms()
             await one.respond(request)
+            request = await lease_for(one, pid, f"http://a-shop.test/{i}")
+            await _next_ms()
+            await one.respond(request, status=429, body=b"slow down", headers={"Retry-After": "30"})
             request = await lease_for(one, pid, f"http://b-shop.test/{i}")
             await _next_ms()
             await one.respond(request, status=429, body=b"slow down", headers={"Retry-After": "30"})
@@ -200,3 +208,53 @@ def test_a_link_restarts_the_groups_adaptive_pace_and_the_blacklists_bans_do_not
     # requests started before the blacklist's quarantines end cast no vote (pace_release counts from eff)
     assert int(pace["eff"]) - int(pace["chg"]) == 15000
     assert store.client.pttl(schema.pace_key(store.prefix(POOL), "a.example")) > 6 * 86400000
+
+
+def test_a_clean_answer_while_resting_from_the_other_site_vetoes_the_link(store):
+    store.add_proxies(POOL, URLS)
+    p1, p2, p3, p4 = _ids(store)[:4]
+    for pid in (p1, p2):
+        _banned(store, "a.example", pid, after_clean=False)
+        _banned(store, "b.example", pid)  # evidence: 2 of 3
+    # p4 rests from a, yet b answered it clean: they do not share a blacklist
+    assert store.site_link(POOL, "b.example", p4, quarantine=0, rested_from="a.example", veto=0.3).linked is None
+    _banned(store, "a.example", p3, after_clean=False)
+    assert _banned(store, "b.example", p3, veto=0.3).linked is None  # vetoed, the pending evidence gone
+    assert _groups(store) == {}
+    time.sleep(0.35)  # the veto lapsed: evidence counts again, from scratch
+    for pid in (p1, p2, p3):
+        _banned(store, "a.example", pid, after_clean=False)
+        links = _banned(store, "b.example", pid, veto=0.3)
+    assert links.linked == ("a.example", "b.example")
+
+
+def test_independent_sites_whose_bans_coincide_are_told_apart_by_the_crawl():
+    """Two independent sites, bans on both in one burst (both paced too fast at once): proxies resting
+    from one answer clean on the other, which vetoes the link the coinciding bans would make."""
+    h = Harness(pool="default", proxies=[f"http://10.9.1.{i}:3128" for i in range(1, 7)])
+
+    async def respond(url, status=200, headers=None, pid=None):
+        for _ in range(10):
+            request = Request(url, dont_filter=True)
+            await h.lease_mw.process_request(request)
+            if pid is None or request.meta["proxy_shard_proxy_id"] == pid:
+                break
+            await _next_ms()
+            await h.respond(request)
+        await _next_ms()
+        await h.respond(request, status=status, body=b"x" if status != 200 else PAGE, headers=headers)
+        return request.meta["proxy_shard_proxy_id"]
+
+    async def scenario():
+        await h.open()
+        told = {"Retry-After": "30"}
+        pid = await respond("http://one.test/1", 429, told)
+        await respond("http://two.test/1", pid=pid)  # resting from one.test, clean on two.test: apart
+        for i in range(3):  # then bans that would link them
+            other = await respond(f"http://two.test/c{i}")
+            await respond(f"http://one.test/b{i}", 429, told, pid=other)
+            await respond(f"http://two.test/b{i}", 429, told, pid=other)
+        return h.runtime.sites.learned()
+
+    assert run(scenario()) == {}
+    assert h.stat("site_groups/apart") == 1 and h.stat("site_groups/linked") is None

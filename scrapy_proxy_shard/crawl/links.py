@@ -36,6 +36,9 @@ class SiteLinker:
         self.runtime = runtime
         self.enabled = bool(runtime.settings.learn_site_groups)
         self._known: dict[str, str] = {}  # pool -> the map version this host holds
+        #: proxy id -> [site, since, until, sites reported]: its last rate quarantine this host started
+        #: (Redis clock), and the sites where a clean answer during it was reported as counter-evidence.
+        self._resting: dict[str, list[Any]] = {}
 
     def counts(self, reason: str | None, retry_after: float | None) -> bool:
         """Whether a quarantine of this reason is evidence (a rate-type ban: never a hard block)."""
@@ -55,7 +58,28 @@ class SiteLinker:
             quarantine = retry_after
         else:
             return
+        self._resting[lease.proxy_id] = [lease.site, result.now, result.now + quarantine, set()]
         await self._ask(lease.pool, lease.site, lease.proxy_id, max(0.001, quarantine), self._start(lease.site))
+
+    async def answered(self, lease: Lease, result: ReleaseResult) -> None:
+        """A clean answer: when its proxy rests from another site (a rate quarantine this host started
+        before the request), tell Redis once per site: the two do not share a blacklist (a veto)."""
+        rest = self._resting.get(lease.proxy_id)
+        if rest is None:
+            return
+        site, since, until, told = rest
+        if result.now >= until:
+            del self._resting[lease.proxy_id]
+            return
+        if site == lease.site or lease.issued_at <= since or lease.site in told:
+            return
+        told.add(lease.site)
+        self.runtime.stats.inc_value(f"{STATS}/site_groups/apart")
+        try:
+            await self.runtime.store.site_link(lease.pool, lease.site, lease.proxy_id, quarantine=0.0,
+                                               known=self._known.get(lease.pool, ""), rested_from=site)
+        except ProxyShardError as exc:
+            logger.debug("proxy_shard: site group counter-evidence not told: %(e)s", {"e": exc})
 
     async def refresh(self, pool: str) -> None:
         """Read ``pool``'s learned groups when they changed (one short call: the version, else the map)."""

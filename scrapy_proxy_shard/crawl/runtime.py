@@ -1033,6 +1033,8 @@ class ShardRuntime:
                     self.stats.inc_value(f"{STATS}/bans/retry_after")
         if outcome == "ban" and recorded == outcome:  # a rate ban may say two sites share a blacklist
             await self.links.banned(lease, result, reason, retry_after)
+        elif outcome == "ok" and self.links.enabled and result.status == "ok":  # ... a clean answer, that not
+            await self.links.answered(lease, result)
         if result.breaker is not None:
             self._breaker_event(lease, result.breaker, reason or outcome)
         if lease.session_id and request.meta.get("proxy_shard_end_session"):

@@ -13,6 +13,8 @@ from scrapy_proxy_shard.engine.store_calls import Plan, _Command, _ms, _name, _S
 LINK_EVIDENCE = 60.0
 #: Distinct proxies whose evidence links two sites.
 LINK_PROXIES = 3
+#: How long a clean answer that proved two sites apart keeps them from being linked (seconds).
+LINK_VETO = 600.0
 #: The most sites one learned group may hold (a link that would make it larger is refused).
 LINK_MAX_GROUP = 32
 #: How long Redis keeps the learned groups after the last link (seconds).
@@ -37,12 +39,17 @@ class _Links:
 
     def site_link(self, pool: str, site: str, proxy_id: str, *, quarantine: float, known: str = "",
                   evidence: float = LINK_EVIDENCE, max_group: int = LINK_MAX_GROUP, keep: float = LINK_KEEP,
-                  proxies: int = LINK_PROXIES, start: float = 0.0):
+                  proxies: int = LINK_PROXIES, start: float = 0.0, rested_from: str = "",
+                  veto: float = LINK_VETO):
         """Tell Redis that ``proxy_id`` was rate-banned on ``site`` (after the release that said so), for
         ``quarantine`` seconds (0: tell nothing, read the map): when the ban followed a clean answer
         there and the proxy is quarantined on another site, that is evidence the two share a blacklist;
         ``proxies`` distinct proxies' evidence within ``evidence`` seconds links them for every host.
         Returns ``SiteLinks`` (its map only when ``known`` is not the current version).
+
+        ``rested_from``: instead, ``proxy_id`` answered clean on ``site`` to a request started while it
+        rested from that other site (a rate quarantine): the two do not share a blacklist, and no link
+        between them is made for ``veto`` seconds.
 
         A link forgets both sites' adaptive pacing: the bans that linked them voted as rate bans and
         raised their intervals, though the blacklist, not the pace, refused the IPs. With ``start`` (the
@@ -51,17 +58,20 @@ class _Links:
         refuses are quarantined on the other site only, and their next request on the group is refused
         for that."""
         return self._drive(self._site_link(pool, site, proxy_id, quarantine, known, evidence, max_group, keep,
-                                           proxies, start))
+                                           proxies, start, rested_from, veto))
 
     def _site_link(self, pool, site, proxy_id, quarantine, known, evidence, max_group, keep, proxies,
-                   start) -> Plan:
+                   start, rested_from, veto) -> Plan:
         _name(site, "site")
+        if rested_from:
+            _name(rested_from, "site rested from")
+            quarantine = 0
         if quarantine:
             _name(proxy_id, "proxy id")
         ttl = max(0, _ms(quarantine, "quarantine")) if quarantine else 0
         reply = yield _Script("site_link", keyset.script_keys("site_link", self.prefix(pool), site), (
             site, proxy_id or "-", ttl, max(1, _ms(evidence, "evidence")), max(2, int(max_group)),
-            max(1, _ms(keep, "keep")), known, max(1, int(proxies))))
+            max(1, _ms(keep, "keep")), known, max(1, int(proxies)), rested_from, max(1, _ms(veto, "veto"))))
         version, linked, now = str(reply[0]), str(reply[1]), int(reply[2])
         pair = tuple(linked.split("|", 1)) if linked else None
         if pair is not None:

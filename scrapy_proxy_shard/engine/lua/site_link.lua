@@ -8,8 +8,13 @@
 -- links them for every host: both are then leased, paced and quarantined as one site group. One
 -- proxy's coincidences never link (a proxy that is bad everywhere is banned everywhere), nor do bans
 -- that follow bans (a site rejecting every IP at once: an opening wave, a breaker's probe round).
+-- And a clean answer on B to a request started while its proxy rested from A (ARGV[9] = A) proves B
+-- does not share A's blacklist: it vetoes linking the two for ARGV[10] ms and drops their pending
+-- evidence. Independent sites whose bans come in bursts together (both paced too fast at once) give
+-- such answers all the time; a shared blacklist never does.
 --   P:linkban  HASH  proxy id -> "<site key>|<until ms>": its latest rate-ban quarantine
---   P:linkev   HASH  "<a>|<b>" (a < b, group keys) -> "<ms of the first>|<proxy id>|...": pending evidence
+--   P:linkev   HASH  "<a>|<b>" (a < b, group keys) -> "<ms of the first>|<proxy id>|...": pending evidence,
+--                    or "-<ms>": a veto (a clean answer that proved them apart) since then
 --   P:links    HASH  site key -> its group's key (the least key of the group; a group's own key has
 --                    no field), and "~v" -> the map's version (raised at each link). Kept ARGV[6] ms
 --                    after the last link; an operator forgets every learned group with DEL.
@@ -21,6 +26,8 @@
 -- ARGV[6]  how long the learned map is kept after its last link, ms
 -- ARGV[7]  the map's version the caller knows ("" or a number)
 -- ARGV[8]  distinct proxies whose evidence links two sites
+-- ARGV[9]  "" or, for a clean answer on ARGV[1] by ARGV[2] while it rested from that site, that site
+-- ARGV[10] how long a veto holds, ms
 -- Replies:
 --   {version, linked, now}              the caller's version is current (linked: "" or "<a>|<b>" just
 --                                       linked; now: the Redis clock, ms)
@@ -29,12 +36,13 @@
 local bad = arg_str(1, 'site') or arg_str(2, 'proxy id') or arg_int(3, 'quarantine ms', 0, MAX_MS)
   or arg_int(4, 'evidence ms', 1, MAX_MS) or arg_int(5, 'group size', 2, MAX_CONCURRENCY)
   or arg_int(6, 'keep ms', 1, MAX_MS) or arg_str(7, 'version', true)
-  or arg_int(8, 'evidence proxies', 1, MAX_CONCURRENCY)
+  or arg_int(8, 'evidence proxies', 1, MAX_CONCURRENCY) or arg_str(9, 'rested from', true)
+  or arg_int(10, 'veto ms', 1, MAX_MS)
 if bad then return redis.error_reply(bad) end
 
 local site, id, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local evidence_ms, max_size, keep_ms = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-local needed = tonumber(ARGV[8])
+local needed, veto_ms = tonumber(ARGV[8]), tonumber(ARGV[10])
 local now = now_ms()
 local linked = ''
 
@@ -58,21 +66,33 @@ local function link(a, b)
   return true
 end
 
-if ttl > 0 then
+local function pair_of(x, y)
+  local a, b = group_of(x), group_of(y)
+  if a > b then a, b = b, a end
+  if a == b then return nil end
+  return a .. '|' .. b, a, b
+end
+
+if ARGV[9] ~= '' then
+  local pair = pair_of(ARGV[9], site)
+  if pair then
+    redis.call('HSET', K_LINKEV, pair, '-' .. istr(now))
+    if redis.call('PTTL', K_LINKEV) < veto_ms then redis.call('PEXPIRE', K_LINKEV, veto_ms) end
+  end
+elseif ttl > 0 then
   local prev = redis.call('HGET', K_LINKBAN, id)
   redis.call('HSET', K_LINKBAN, id, site .. '|' .. istr(now + ttl))
   if redis.call('PTTL', K_LINKBAN) < ttl then redis.call('PEXPIRE', K_LINKBAN, ttl) end
   local other, until_ms
   if prev then other, until_ms = string.match(prev, '^(.*)|(%d+)$') end
   if other and tonumber(until_ms) > now then
-    local a, b = group_of(other), group_of(site)
-    if a > b then a, b = b, a end
-    local mark = redis.call('HGET', K_PACE, 'p:' .. id)
-    if a ~= b and mark and (mark == 'c' or string.sub(mark, 1, 1) == 'f') then
-      local pair = a .. '|' .. b
-      local ev = redis.call('HGET', K_LINKEV, pair)
+    local pair, a, b = pair_of(other, site)
+    local mark = pair and redis.call('HGET', K_PACE, 'p:' .. id)
+    local ev = pair and redis.call('HGET', K_LINKEV, pair)
+    local vetoed = ev and string.sub(ev, 1, 1) == '-' and now - tonumber(string.sub(ev, 2)) <= veto_ms
+    if pair and not vetoed and mark and (mark == 'c' or string.sub(mark, 1, 1) == 'f') then
       local first, seen = now, {}
-      if ev then
+      if ev and string.sub(ev, 1, 1) ~= '-' then
         local parts = {}
         for part in string.gmatch(ev, '[^|]+') do parts[#parts + 1] = part end
         if now - tonumber(parts[1]) <= evidence_ms then
