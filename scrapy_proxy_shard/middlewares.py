@@ -195,7 +195,7 @@ class ProxyShardMiddleware:
         if route.kind == "browser":
             await self.runtime.browser.bind(request, lease, session)
         if "download_slot" not in meta or OWN_SLOT in meta:
-            meta["download_slot"] = meta[OWN_SLOT] = f"{site}|{lease.proxy_id}"
+            meta["download_slot"] = meta[OWN_SLOT] = f"{lease.site}|{lease.proxy_id}"
         return None
 
     async def process_response(self, request: Request, response: Response,

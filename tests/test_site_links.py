@@ -13,7 +13,7 @@ import logging
 import time
 
 from scrapy import Request
-from test_middlewares import PAGE, Harness, _next_ms, run
+from test_middlewares import PAGE, PROXIES, Harness, _next_ms, run
 
 from scrapy_proxy_shard.engine import schema
 from scrapy_proxy_shard.engine.sites import SiteMap
@@ -206,7 +206,7 @@ def test_a_link_restarts_the_groups_adaptive_pace_and_the_blacklists_bans_do_not
     pace = store.client.hgetall(schema.pace_key(store.prefix(POOL), "a.example"))
     assert pace["iv"] == "3000.000" and pace["bad"] == "0" and pace["vote"] == ""
     # requests started before the blacklist's quarantines end cast no vote (pace_release counts from eff)
-    assert int(pace["eff"]) - int(pace["chg"]) == 15000
+    assert int(pace["eff"]) - int(pace["chg"]) == 30000
     assert store.client.pttl(schema.pace_key(store.prefix(POOL), "a.example")) > 6 * 86400000
 
 
@@ -258,3 +258,24 @@ def test_independent_sites_whose_bans_coincide_are_told_apart_by_the_crawl():
 
     assert run(scenario()) == {}
     assert h.stat("site_groups/apart") == 1 and h.stat("site_groups/linked") is None
+
+
+def test_a_request_waiting_when_its_site_is_linked_leases_under_the_groups_key():
+    h = Harness(pool="default", proxies=PROXIES[:1], settings={"PROXY_SHARD_LEASE_TTL": 30})
+
+    async def scenario():
+        await h.open()
+        first = Request("http://b-shop.test/1")
+        await h.lease_mw.process_request(first)
+        second = Request("http://b-shop.test/2")
+        waiter = asyncio.ensure_future(h.lease_mw.process_request(second))
+        await asyncio.sleep(0.1)
+        assert not waiter.done()
+        h.runtime.sites.learn("default", {"b-shop.test": "a-shop.test"})  # another host linked them
+        await _next_ms()
+        await h.respond(first)
+        await asyncio.wait_for(waiter, 5)
+        return second.meta["download_slot"]
+
+    assert run(scenario()).startswith("a-shop.test|")
+    assert h.stat("site_groups/regrouped_waits") == 1

@@ -18,6 +18,7 @@ Every host learns the map at its own bans, and at each heartbeat otherwise (``re
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -27,6 +28,8 @@ from scrapy_proxy_shard.exceptions import ProxyShardError
 logger = logging.getLogger(__name__)
 
 STATS = "proxy_shard"
+#: How often a host reads the learned groups while it crawls (seconds; and at each of its rate bans).
+REFRESH = 2.0
 
 
 class SiteLinker:
@@ -39,6 +42,7 @@ class SiteLinker:
         #: proxy id -> [site, since, until, sites reported]: its last rate quarantine this host started
         #: (Redis clock), and the sites where a clean answer during it was reported as counter-evidence.
         self._resting: dict[str, list[Any]] = {}
+        self._read_at: dict[str, float] = {}  # pool -> when this host last read its groups (loop clock)
 
     def counts(self, reason: str | None, retry_after: float | None) -> bool:
         """Whether a quarantine of this reason is evidence (a rate-type ban: never a hard block)."""
@@ -63,7 +67,11 @@ class SiteLinker:
 
     async def answered(self, lease: Lease, result: ReleaseResult) -> None:
         """A clean answer: when its proxy rests from another site (a rate quarantine this host started
-        before the request), tell Redis once per site: the two do not share a blacklist (a veto)."""
+        before the request), tell Redis once per site: the two do not share a blacklist (a veto). And
+        every ``REFRESH`` seconds, read the groups other hosts linked (a host that waits on a site linked
+        meanwhile leases under its old key until it knows: one IP could serve both)."""
+        if asyncio.get_running_loop().time() - self._read_at.get(lease.pool, 0.0) >= REFRESH:
+            await self.refresh(lease.pool)
         rest = self._resting.get(lease.proxy_id)
         if rest is None:
             return
@@ -92,6 +100,7 @@ class SiteLinker:
         return pace.start_interval if pace is not None and pace.enabled else 0.0
 
     async def _ask(self, pool: str, site: str, proxy_id: str, quarantine: float, start: float = 0.0) -> None:
+        self._read_at[pool] = asyncio.get_running_loop().time()
         try:
             links = await self.runtime.store.site_link(pool, site, proxy_id, quarantine=quarantine,
                                                       known=self._known.get(pool, ""), start=start)

@@ -465,6 +465,18 @@ class ShardRuntime:
 
     async def acquire(self, request: Request, pool: str, site: str, session_id: str | None,
                       moved: Callable[[], Any] | None = None) -> Lease:
+        """Lease a slot for ``request``, waiting as long as the engine says (``_acquire``); a request whose
+        site was linked into a learned site group while it waited asks again under the group's key
+        (crawl/links.py): leasing on under the old key would let one IP serve both at once."""
+        while True:
+            try:
+                return await self._acquire(request, pool, site, session_id, moved)
+            except _Regrouped:
+                self.stats.inc_value(f"{STATS}/site_groups/regrouped_waits")
+                site = self.sites.regroup(site)
+
+    async def _acquire(self, request: Request, pool: str, site: str, session_id: str | None,
+                       moved: Callable[[], Any] | None = None) -> Lease:
         """Lease a slot for ``request``, waiting as long as the engine says.
 
         A wait the pool will end (slots in use, pacing, quarantines, an open breaker) lasts as long as
@@ -570,6 +582,8 @@ class ShardRuntime:
             self._check_stopping(pool, site)
             if moved is not None and await moved():  # also after queueing at the gate: no wait counted
                 raise TierMoved(f"site {site!r} left pool {pool!r} while its request waited")
+            if self.sites.regroup(site) != site:  # linked into a learned group meanwhile: ask under its key
+                raise _Regrouped(site)
             started = loop.time()
             try:
                 result = await self.store.lease(pool, site, ttl=ttl, concurrency=concurrency,
@@ -1068,6 +1082,10 @@ class ShardRuntime:
         else:
             logger.debug("proxy_shard: ban on %(site)s (%(reason)s) while its circuit breaker is open: proxy "
                          "%(proxy)s not quarantined", where)
+
+
+class _Regrouped(Exception):
+    """A waiting request's site was linked into a learned site group: ``acquire`` asks again."""
 
 
 def _breaker_note(wait: LeaseWait) -> str:

@@ -160,6 +160,10 @@ class SiteMap:
         self._by_host.clear()
         return True
 
+    def regroup(self, key: str) -> str:
+        """The key a request keyed ``key`` before the last ``learn`` leases under now."""
+        return self._learned.get(key, key) if self._learned else key
+
     def learned(self) -> dict[str, str]:
         """Learned site groups in force: site key -> group key."""
         return dict(self._learned)

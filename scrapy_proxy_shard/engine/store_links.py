@@ -54,9 +54,9 @@ class _Links:
         A link forgets both sites' adaptive pacing: the bans that linked them voted as rate bans and
         raised their intervals, though the blacklist, not the pace, refused the IPs. With ``start`` (the
         group's adaptive start interval, seconds) the group's pace starts there at once, and no rate ban
-        of a request started within ``quarantine`` of the link votes on it: IPs the blacklist still
-        refuses are quarantined on the other site only, and their next request on the group is refused
-        for that."""
+        of a request started within twice ``quarantine`` of the link votes on it: IPs the blacklist still
+        refuses (quarantined on the other site only, or banned by hosts that had not yet learned the
+        link) are refused on the group for that, not for its pace."""
         return self._drive(self._site_link(pool, site, proxy_id, quarantine, known, evidence, max_group, keep,
                                            proxies, start, rested_from, veto))
 
@@ -78,7 +78,7 @@ class _Links:
             paces = [keys.pace_key(self.prefix(pool), key) for key in pair]
             yield _Command(("DEL", *paces))
             if start > 0:
-                yield _Command(("HSET", paces[0], "iv", f"{_ms(start, 'start')}.000", "chg", now, "eff", now + ttl,
+                yield _Command(("HSET", paces[0], "iv", f"{_ms(start, 'start')}.000", "chg", now, "eff", now + 2 * ttl,
                                 "run", 0, "bad", 0, "vote", "", "probe", "", "xp", now + PACE_KEEP_MS))
                 yield _Command(("PEXPIRE", paces[0], PACE_KEEP_MS))
         if len(reply) == 3 and version == known:

@@ -87,6 +87,8 @@ SECTIONS: tuple[StatSection, ...] = (
              "host's rate bans made ([learned site groups](../pacing.md#shared-blacklists-learned))"),
         _doc("proxy_shard/site_groups/apart", FINISH, "clean answers on a site from a proxy resting from another "
              "(a rate quarantine this host started): each vetoes linking the two for 10 minutes"),
+        _doc("proxy_shard/site_groups/regrouped_waits", ACQUIRE, "waiting requests whose site was linked into a "
+             "learned group meanwhile: they ask again under the group's key"),
         _doc("proxy_shard/site_groups/learned_sites", "runtime (at a ban or heartbeat)", "sites this host "
              "leases under a learned group's key"),
         _doc("proxy_shard/released_at_close", "runtime `spider_closed`", "leases still held at close, given "
