@@ -30,6 +30,9 @@ logger = logging.getLogger(__name__)
 STATS = "proxy_shard"
 #: How often a host reads the learned groups while it crawls (seconds; and at each of its rate bans).
 REFRESH = 2.0
+#: A clean answer vetoes a link only for a request started at least this long before its proxy's rest
+#: ends (and a tenth of the rest): the site's word on the ban is whole seconds, its clock ahead of ours.
+VETO_MARGIN = 1.5
 
 
 class SiteLinker:
@@ -79,7 +82,11 @@ class SiteLinker:
         if result.now >= until:
             del self._resting[lease.proxy_id]
             return
-        if site == lease.site or lease.issued_at <= since or lease.site in told:
+        # Only a request started well inside the rest counts: the site's own ban began a little before
+        # our quarantine (the answer's way back) and a Retry-After is whole seconds, so the site may
+        # forgive the IP up to a second or so before the rest ends.
+        inside = until - max(VETO_MARGIN, 0.1 * (until - since))
+        if site == lease.site or not since < lease.issued_at < inside or lease.site in told:
             return
         told.add(lease.site)
         self.runtime.stats.inc_value(f"{STATS}/site_groups/apart")
