@@ -33,6 +33,8 @@ REFRESH = 2.0
 #: A clean answer vetoes a link only for a request started at least this long before its proxy's rest
 #: ends (and a tenth of the rest): the site's word on the ban is whole seconds, its clock ahead of ours.
 VETO_MARGIN = 1.5
+#: Rests kept before the ended ones are dropped (one per proxy this host rate-banned lately).
+RESTING_MAX = 4096
 
 
 class SiteLinker:
@@ -65,6 +67,8 @@ class SiteLinker:
             quarantine = retry_after
         else:
             return
+        if len(self._resting) >= RESTING_MAX:  # a proxy that never answers again leaves its entry
+            self._resting = {k: v for k, v in self._resting.items() if v[2] > result.now}
         self._resting[lease.proxy_id] = [lease.site, result.now, result.now + quarantine, set()]
         await self._ask(lease.pool, lease.site, lease.proxy_id, max(0.001, quarantine), self._start(lease.site))
 
