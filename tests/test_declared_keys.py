@@ -147,7 +147,7 @@ def _cycle(url: str) -> None:
     for pid in [p.id for p in store.list_proxies(POOL)][:3]:
         for site in ("k.example", "l.example"):
             client.hset(schema.pace_key(store.prefix(POOL), site), f"p:{pid}", "c")
-            store.site_link(POOL, site, pid, quarantine=30, start=3.0)
+            store.site_link(POOL, site, pid, quarantine=30, start=3.0, span=0)
     assert store.site_link(POOL, "-", "", quarantine=0).groups == {"l.example": "k.example"}
     # sticky sessions: a use, its release, a rebind after a ban, the end
     sticky = store.lease(POOL, "c.example", ttl=5, session_id="s 1", session_ttl=60)

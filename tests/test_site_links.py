@@ -39,6 +39,7 @@ def _mark(store, site: str, pid: str, mark: str) -> None:
 def _banned(store, site: str, pid: str, *, after_clean: bool = True, **kwargs):
     """A rate ban of ``pid`` on ``site`` as the crawl reports it: after the release wrote its mark."""
     _mark(store, site, pid, "f15000" if after_clean else "g15000")
+    kwargs.setdefault("span", 0)  # the tests' evidence comes within a burst (see the span's own test)
     return store.site_link(POOL, site, pid, quarantine=kwargs.pop("quarantine", 30), **kwargs)
 
 
@@ -79,7 +80,7 @@ def test_a_ban_spared_by_the_breaker_counts_when_the_proxy_answered_clean_before
     for pid in ids:
         store.site_link(POOL, "a.example", pid, quarantine=30)
         _mark(store, "b.example", pid, "c")  # the spared ban wrote no mark: the clean answer's stays
-        links = store.site_link(POOL, "b.example", pid, quarantine=15)
+        links = store.site_link(POOL, "b.example", pid, quarantine=15, span=0)
     assert links.linked == ("a.example", "b.example")
 
 
@@ -156,6 +157,7 @@ def test_rate_bans_after_clean_answers_link_sites_for_every_host_hard_blocks_do_
 
     async def scenario():
         await one.open()
+        one.runtime.links.span = 0.0  # the evidence below comes within one burst
         # hard blocks on both sites (403, no Retry-After) teach nothing
         for url in ("http://x-shop.test/1", "http://y-shop.test/1"):
             await ban(one, url, 403)
@@ -247,6 +249,7 @@ def test_independent_sites_whose_bans_coincide_are_told_apart_by_the_crawl():
 
     async def scenario():
         await h.open()
+        h.runtime.links.span = 0.0  # would link at once without the veto
         told = {"Retry-After": "30"}
         pid = await respond("http://one.test/1", 429, told)
         await respond("http://two.test/1", pid=pid)  # resting from one.test, clean on two.test: apart
@@ -279,3 +282,16 @@ def test_a_request_waiting_when_its_site_is_linked_leases_under_the_groups_key()
 
     assert run(scenario()).startswith("a-shop.test|")
     assert h.stat("site_groups/regrouped_waits") == 1
+
+
+def test_one_burst_of_bans_never_links_evidence_that_goes_on_does(store):
+    """Independent sites that tighten their rules at once ban every proxy on all of them within a
+    second, before a clean answer can veto: the linking evidence must come ``span`` after the first."""
+    store.add_proxies(POOL, URLS)
+    ids = _ids(store)[:4]
+    for pid in ids[:3]:
+        _banned(store, "a.example", pid, after_clean=False, span=0.3)
+        assert _banned(store, "b.example", pid, span=0.3).linked is None
+    time.sleep(0.35)  # still banned on both: the evidence goes on past the span
+    _banned(store, "a.example", ids[3], after_clean=False, span=0.3)
+    assert _banned(store, "b.example", ids[3], span=0.3).linked == ("a.example", "b.example")

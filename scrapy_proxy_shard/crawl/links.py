@@ -23,6 +23,7 @@ import logging
 from typing import Any
 
 from scrapy_proxy_shard.engine.records import Lease, ReleaseResult
+from scrapy_proxy_shard.engine.store_links import LINK_SPAN
 from scrapy_proxy_shard.exceptions import ProxyShardError
 
 logger = logging.getLogger(__name__)
@@ -48,6 +49,7 @@ class SiteLinker:
         #: (Redis clock), and the sites where a clean answer during it was reported as counter-evidence.
         self._resting: dict[str, list[Any]] = {}
         self._read_at: dict[str, float] = {}  # pool -> when this host last read its groups (loop clock)
+        self.span = LINK_SPAN  # least time between the first and the linking evidence (store_links.py)
 
     def counts(self, reason: str | None, retry_after: float | None) -> bool:
         """Whether a quarantine of this reason is evidence (a rate-type ban: never a hard block)."""
@@ -114,7 +116,7 @@ class SiteLinker:
         self._read_at[pool] = asyncio.get_running_loop().time()
         try:
             links = await self.runtime.store.site_link(pool, site, proxy_id, quarantine=quarantine,
-                                                      known=self._known.get(pool, ""), start=start)
+                                                      known=self._known.get(pool, ""), start=start, span=self.span)
         except ProxyShardError as exc:
             logger.debug("proxy_shard: learned site groups of pool %(pool)r not read: %(e)s", {"pool": pool, "e": exc})
             return

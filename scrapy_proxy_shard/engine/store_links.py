@@ -15,6 +15,9 @@ LINK_EVIDENCE = 60.0
 LINK_PROXIES = 3
 #: How long a clean answer that proved two sites apart keeps them from being linked (seconds).
 LINK_VETO = 600.0
+#: The least time between the first evidence for two sites and the one that links them (seconds): one
+#: burst of bans never links (independent sites tightening their rules at once ban every IP together).
+LINK_SPAN = 5.0
 #: The most sites one learned group may hold (a link that would make it larger is refused).
 LINK_MAX_GROUP = 32
 #: How long Redis keeps the learned groups after the last link (seconds).
@@ -40,11 +43,12 @@ class _Links:
     def site_link(self, pool: str, site: str, proxy_id: str, *, quarantine: float, known: str = "",
                   evidence: float = LINK_EVIDENCE, max_group: int = LINK_MAX_GROUP, keep: float = LINK_KEEP,
                   proxies: int = LINK_PROXIES, start: float = 0.0, rested_from: str = "",
-                  veto: float = LINK_VETO):
+                  veto: float = LINK_VETO, span: float = LINK_SPAN):
         """Tell Redis that ``proxy_id`` was rate-banned on ``site`` (after the release that said so), for
         ``quarantine`` seconds (0: tell nothing, read the map): when the ban followed a clean answer
         there and the proxy is quarantined on another site, that is evidence the two share a blacklist;
-        ``proxies`` distinct proxies' evidence within ``evidence`` seconds links them for every host.
+        ``proxies`` distinct proxies' evidence within ``evidence`` seconds, the last at least ``span``
+        seconds after the first, links them for every host.
         Returns ``SiteLinks`` (its map only when ``known`` is not the current version).
 
         ``rested_from``: instead, ``proxy_id`` answered clean on ``site`` to a request started while it
@@ -58,10 +62,10 @@ class _Links:
         refuses (quarantined on the other site only, or banned by hosts that had not yet learned the
         link) are refused on the group for that, not for its pace."""
         return self._drive(self._site_link(pool, site, proxy_id, quarantine, known, evidence, max_group, keep,
-                                           proxies, start, rested_from, veto))
+                                           proxies, start, rested_from, veto, span))
 
     def _site_link(self, pool, site, proxy_id, quarantine, known, evidence, max_group, keep, proxies,
-                   start, rested_from, veto) -> Plan:
+                   start, rested_from, veto, span) -> Plan:
         _name(site, "site")
         if rested_from:
             _name(rested_from, "site rested from")
@@ -71,7 +75,8 @@ class _Links:
         ttl = max(0, _ms(quarantine, "quarantine")) if quarantine else 0
         reply = yield _Script("site_link", keyset.script_keys("site_link", self.prefix(pool), site), (
             site, proxy_id or "-", ttl, max(1, _ms(evidence, "evidence")), max(2, int(max_group)),
-            max(1, _ms(keep, "keep")), known, max(1, int(proxies)), rested_from, max(1, _ms(veto, "veto"))))
+            max(1, _ms(keep, "keep")), known, max(1, int(proxies)), rested_from, max(1, _ms(veto, "veto")),
+            _ms(span, "span")))
         version, linked, now = str(reply[0]), str(reply[1]), int(reply[2])
         pair = tuple(linked.split("|", 1)) if linked else None
         if pair is not None:

@@ -44,7 +44,14 @@ from scrapy_proxy_shard.engine.store import (
     PoolBackend,
     ReleaseResult,
 )
-from scrapy_proxy_shard.engine.store_links import LINK_EVIDENCE, LINK_KEEP, LINK_MAX_GROUP, LINK_PROXIES, LINK_VETO
+from scrapy_proxy_shard.engine.store_links import (
+    LINK_EVIDENCE,
+    LINK_KEEP,
+    LINK_MAX_GROUP,
+    LINK_PROXIES,
+    LINK_SPAN,
+    LINK_VETO,
+)
 from scrapy_proxy_shard.engine.tiers import TierOptions, TierState
 from scrapy_proxy_shard.exceptions import (
     HostIdTaken,
@@ -316,7 +323,7 @@ class FallbackPoolStore(PoolBackend):
     async def site_link(self, pool: str, site: str, proxy_id: str, *, quarantine: float, known: str = "",
                         evidence: float = LINK_EVIDENCE, max_group: int = LINK_MAX_GROUP,
                         keep: float = LINK_KEEP, proxies: int = LINK_PROXIES, start: float = 0.0,
-                        rested_from: str = "", veto: float = LINK_VETO) -> Any:
+                        rested_from: str = "", veto: float = LINK_VETO, span: float = LINK_SPAN) -> Any:
         """Redis learns for every host; while it is away nothing is learned (the groups known stay)."""
         if self.state != "redis":
             return None
@@ -324,7 +331,7 @@ class FallbackPoolStore(PoolBackend):
             return await self.primary.site_link(pool, site, proxy_id, quarantine=quarantine, known=known,
                                                 evidence=evidence, max_group=max_group, keep=keep,
                                                 proxies=proxies, start=start, rested_from=rested_from,
-                                                veto=veto)
+                                                veto=veto, span=span)
         except PoolUnreachable:
             return None
 

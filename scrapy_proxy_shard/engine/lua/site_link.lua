@@ -4,14 +4,16 @@
 -- rule of that site alone. So: a rate ban of proxy X on site B that follows a clean answer of X on B
 -- (its mark in B's pace hash, see site_mark in _lib.lua: 'c' when the ban was spared by the breaker,
 -- 'f...' when it started a quarantine), while X is quarantined on site A, is *evidence* that A and B
--- share a blacklist; the same evidence from ARGV[8] distinct proxies within ARGV[4] ms of the first
--- links them for every host: both are then leased, paced and quarantined as one site group. One
+-- share a blacklist; the same evidence from ARGV[8] distinct proxies within ARGV[4] ms of the first,
+-- the last at least ARGV[11] ms after the first, links them for every host: both are then leased, paced and quarantined as one site group. One
 -- proxy's coincidences never link (a proxy that is bad everywhere is banned everywhere), nor do bans
 -- that follow bans (a site rejecting every IP at once: an opening wave, a breaker's probe round).
 -- And a clean answer on B to a request started while its proxy rested from A (ARGV[9] = A) proves B
 -- does not share A's blacklist: it vetoes linking the two for ARGV[10] ms and drops their pending
 -- evidence. Independent sites whose bans come in bursts together (both paced too fast at once) give
--- such answers all the time; a shared blacklist never does.
+-- such answers all the time; a shared blacklist never does. The span (ARGV[11]) keeps one burst from
+-- linking: independent sites that tighten their rules at once ban every proxy on all of them within a
+-- second, before any clean answer can veto; a shared blacklist goes on banning across the two.
 --   P:linkban  HASH  proxy id -> "<site key>|<until ms>": its latest rate-ban quarantine
 --   P:linkev   HASH  "<a>|<b>" (a < b, group keys) -> "<ms of the first>|<proxy id>|...": pending evidence,
 --                    or "-<ms>": a veto (a clean answer that proved them apart) since then
@@ -28,6 +30,7 @@
 -- ARGV[8]  distinct proxies whose evidence links two sites
 -- ARGV[9]  "" or, for a clean answer on ARGV[1] by ARGV[2] while it rested from that site, that site
 -- ARGV[10] how long a veto holds, ms
+-- ARGV[11] the least time between the first evidence and the one that links, ms
 -- Replies:
 --   {version, linked, now}              the caller's version is current (linked: "" or "<a>|<b>" just
 --                                       linked; now: the Redis clock, ms)
@@ -37,12 +40,12 @@ local bad = arg_str(1, 'site') or arg_str(2, 'proxy id') or arg_int(3, 'quaranti
   or arg_int(4, 'evidence ms', 1, MAX_MS) or arg_int(5, 'group size', 2, MAX_CONCURRENCY)
   or arg_int(6, 'keep ms', 1, MAX_MS) or arg_str(7, 'version', true)
   or arg_int(8, 'evidence proxies', 1, MAX_CONCURRENCY) or arg_str(9, 'rested from', true)
-  or arg_int(10, 'veto ms', 1, MAX_MS)
+  or arg_int(10, 'veto ms', 1, MAX_MS) or arg_int(11, 'span ms', 0, MAX_MS)
 if bad then return redis.error_reply(bad) end
 
 local site, id, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local evidence_ms, max_size, keep_ms = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-local needed, veto_ms = tonumber(ARGV[8]), tonumber(ARGV[10])
+local needed, veto_ms, span_ms = tonumber(ARGV[8]), tonumber(ARGV[10]), tonumber(ARGV[11])
 local now = now_ms()
 local linked = ''
 
@@ -103,7 +106,7 @@ elseif ttl > 0 then
       local known = false
       for _, by in ipairs(seen) do if by == id then known = true end end
       if not known then seen[#seen + 1] = id end
-      if #seen >= needed then
+      if #seen >= needed and now - first >= span_ms then
         redis.call('HDEL', K_LINKEV, pair)
         if link(a, b) then linked = pair end
       elseif not known then
