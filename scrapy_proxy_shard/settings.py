@@ -99,7 +99,8 @@ DEFAULTS: dict[str, Any] = {
     "PROXY_SHARD_SITE_IDLE_TTL": 3600.0,  # a site's slot state expires this long after its last use
     "PROXY_SHARD_SITES": {},
     "PROXY_SHARD_SITE_GROUPS": {},
-    "PROXY_SHARD_LEARN_SITE_GROUPS": True,  # link sites whose bans coincide on two proxies (crawl/links.py)
+    "PROXY_SHARD_LEARN_SITE_GROUPS": "auto",  # learn shared blacklists from bans (crawl/links.py); auto: on
+    #                                           adaptively paced sites (the rule not given)
     "PROXY_SHARD_BAN_TTL": 1800.0,
     "PROXY_SHARD_BAN_MAX_TTL": 21600.0,
     "PROXY_SHARD_BAN_JITTER": 0.1,
@@ -348,7 +349,7 @@ class ShardSettings:
     site_idle_ttl: float
     sites: Mapping[str, SiteOptions]
     site_groups: Mapping[str, tuple[str, ...]]
-    learn_site_groups: bool
+    learn_site_groups: bool | None  # None: "auto", on the sites paced adaptively
     bans: BanOptions
     retry_after: bool
     latency_ewma_alpha: float
@@ -491,7 +492,7 @@ class ShardSettings:
             site_idle_ttl=site_idle_ttl,
             sites=sites,
             site_groups=_site_groups(s),
-            learn_site_groups=_boolean(s, "PROXY_SHARD_LEARN_SITE_GROUPS"),
+            learn_site_groups=_auto_boolean(s, "PROXY_SHARD_LEARN_SITE_GROUPS"),
             bans=bans,
             retry_after=_boolean(s, "PROXY_SHARD_RETRY_AFTER"),
             latency_ewma_alpha=_number(get, "PROXY_SHARD_LATENCY_EWMA_ALPHA", minimum=0.001, maximum=1.0),

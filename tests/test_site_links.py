@@ -12,6 +12,7 @@ import asyncio
 import logging
 import time
 
+import pytest
 from scrapy import Request
 from test_middlewares import PAGE, PROXIES, Harness, _next_ms, run
 
@@ -133,7 +134,7 @@ def test_groups_of_several_pools_are_one_map_keyed_by_the_least_key():
 
 
 def test_rate_bans_after_clean_answers_link_sites_for_every_host_hard_blocks_do_not(caplog):
-    one = Harness(pool="default")
+    one = Harness({"PROXY_SHARD_LEARN_SITE_GROUPS": True}, pool="default")  # (auto: adaptive sites only)
     two_settings = {"PROXY_SHARD_HOST_ID": "second-host"}
 
     async def ban(h, url, status, headers=None):
@@ -233,7 +234,8 @@ def test_a_clean_answer_while_resting_from_the_other_site_vetoes_the_link(store)
 def test_independent_sites_whose_bans_coincide_are_told_apart_by_the_crawl():
     """Two independent sites, bans on both in one burst (both paced too fast at once): proxies resting
     from one answer clean on the other, which vetoes the link the coinciding bans would make."""
-    h = Harness(pool="default", proxies=[f"http://10.9.1.{i}:3128" for i in range(1, 7)])
+    h = Harness({"PROXY_SHARD_LEARN_SITE_GROUPS": True}, pool="default",
+                proxies=[f"http://10.9.1.{i}:3128" for i in range(1, 7)])
 
     async def respond(url, status=200, headers=None, pid=None):
         for _ in range(10):
@@ -295,3 +297,34 @@ def test_one_burst_of_bans_never_links_evidence_that_goes_on_does(store):
     time.sleep(0.35)  # still banned on both: the evidence goes on past the span
     _banned(store, "a.example", ids[3], after_clean=False, span=0.3)
     assert _banned(store, "b.example", ids[3], span=0.3).linked == ("a.example", "b.example")
+
+
+@pytest.mark.parametrize(("learn", "linked"), [("auto", None), (True, 1)])
+def test_auto_learns_from_the_adaptively_paced_sites_only(learn, linked):
+    """With the rule given (a fixed interval), ``auto`` reports no ban: the user vouched for the rule."""
+    h = Harness({"PROXY_SHARD_LEARN_SITE_GROUPS": learn, "PROXY_SHARD_MIN_INTERVAL": 0.001}, pool="default",
+                proxies=[f"http://10.9.2.{i}:3128" for i in range(1, 7)])
+
+    async def scenario():
+        await h.open()
+        h.runtime.links.span = 0.0
+        told = {"Retry-After": "30"}
+        for i in range(3):
+            request = Request(f"http://b-shop.test/clean-{i}", dont_filter=True)
+            await h.lease_mw.process_request(request)
+            pid = request.meta["proxy_shard_proxy_id"]
+            await _next_ms()
+            await h.respond(request)
+            for site in ("a-shop", "b-shop"):
+                for _ in range(12):
+                    request = Request(f"http://{site}.test/{i}-{_}", dont_filter=True)
+                    await h.lease_mw.process_request(request)
+                    if request.meta["proxy_shard_proxy_id"] == pid:
+                        break
+                    await _next_ms()
+                    await h.respond(request, status=404, body=b"gone")  # neither clean nor a ban
+                await _next_ms()
+                await h.respond(request, status=429, body=b"slow down", headers=told)
+
+    run(scenario())
+    assert h.stat("site_groups/linked") == linked

@@ -13,7 +13,10 @@ From then on the two are one site group: one slot per IP across both, one pace, 
 
 Every host learns the map at its own bans, and at each heartbeat otherwise (``refresh``). Redis keeps it
 7 days after the last link; ``DEL {<namespace>:<pool>}:links`` forgets it. ``PROXY_SHARD_LEARN_SITE_GROUPS
-= False`` turns the learning off (declared groups still apply).
+= False`` turns the learning off (declared groups still apply); the default ``"auto"`` learns from bans on
+the sites paced adaptively only (no ``PROXY_SHARD_MIN_INTERVAL`` for them): where the settings give a
+site's rule, a burst of bans on several sites is the rules tightening at once (the zoo's ``tighten``
+linked its independent sites), and the user who read the rules declares the groups.
 """
 
 from __future__ import annotations
@@ -43,7 +46,11 @@ class SiteLinker:
 
     def __init__(self, runtime: Any) -> None:
         self.runtime = runtime
-        self.enabled = bool(runtime.settings.learn_site_groups)
+        learn = runtime.settings.learn_site_groups
+        self.enabled = learn is not False
+        #: Report bans on every site (True), or only on those paced adaptively ("auto": where the settings
+        #: give a site's rule, they vouch for it, and a burst of bans there is the rule tightening).
+        self.everywhere = learn is True
         self._known: dict[str, str] = {}  # pool -> the map version this host holds
         #: proxy id -> [site, since, until, sites reported]: its last rate quarantine this host started
         #: (Redis clock), and the sites where a clean answer during it was reported as counter-evidence.
@@ -62,6 +69,8 @@ class SiteLinker:
         open circuit breaker spared (no quarantine) counts for the site's ``Retry-After``: the site still
         said how long it refuses the IP, and a shared blacklist's first round of bans often opens it."""
         if not self.enabled or not self.counts(reason, retry_after):
+            return
+        if not self.everywhere and not self._start(lease.site):
             return
         if result.ban_until is not None:
             quarantine = result.ban_until - result.now

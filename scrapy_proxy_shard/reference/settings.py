@@ -95,8 +95,9 @@ SECTIONS: tuple[Section, ...] = (
           "blacklist share exclusivity and bans"),
         S("PROXY_SHARD_LEARN_SITE_GROUPS", "learn site groups nobody declared: two sites on which three "
           "distinct proxies were each rate-banned, after a clean answer, while quarantined on the other are "
-          "paced as one group on every host from then on (kept 7 days in `{ns:pool}:links`; `DEL` it to forget): see "
-          "[Pacing](../pacing.md#shared-blacklists-learned)"),
+          "paced as one group on every host from then on (kept 7 days in `{ns:pool}:links`; `DEL` it to forget). "
+          "`auto`: from bans on the sites paced adaptively only (whose rule the settings do not give); `True`: "
+          "every site. See [Pacing](../pacing.md#shared-blacklists-learned)"),
         S("PROXY_SHARD_SITES", "per site: `concurrency`, `min_interval`, `rest_after_response`, "
           "`randomize_interval`, `arrival_guard`, `autothrottle_enabled`, `autothrottle_start_interval`, "
           "`autothrottle_min_interval`, `autothrottle_max_interval`, `required_css`, `min_body_size`, "
