@@ -133,53 +133,46 @@ def test_groups_of_several_pools_are_one_map_keyed_by_the_least_key():
     assert sites.key_for_site("c.test") == "b.test"
 
 
+async def _answer(h, request, status=200, headers=None):
+    """Answer ``request`` (released a ms after its lease) through both middlewares; its proxy's id."""
+    await _next_ms()
+    await h.respond(request, status=status, body=PAGE if status == 200 else b"no", headers=headers)
+    return request.meta["proxy_shard_proxy_id"]
+
+
+async def _lease_for(h, url, pid=None, *, others=200):
+    """Lease ``url`` until proxy ``pid`` serves it (any proxy when None); the other proxies' leases on the
+    way are answered ``others``."""
+    for _ in range(12):
+        request = Request(url, dont_filter=True)
+        await h.lease_mw.process_request(request)
+        if pid is None or request.meta["proxy_shard_proxy_id"] == pid:
+            return request
+        await _answer(h, request, others)
+    raise AssertionError(f"{pid} never leased for {url}")
+
+
 def test_rate_bans_after_clean_answers_link_sites_for_every_host_hard_blocks_do_not(caplog):
     one = Harness({"PROXY_SHARD_LEARN_SITE_GROUPS": True}, pool="default")  # (auto: adaptive sites only)
     two_settings = {"PROXY_SHARD_HOST_ID": "second-host"}
-
-    async def ban(h, url, status, headers=None):
-        request = Request(url, dont_filter=True)
-        await h.lease_mw.process_request(request)
-        proxy = request.meta["proxy_shard_proxy_id"]
-        await _next_ms()
-        await h.respond(request, status=status, body=b"no", headers=headers)
-        return proxy
-
-    async def lease_for(h, pid, url):
-        """Lease ``url`` until ``pid`` serves it (the others rotate through)."""
-        for _ in range(10):
-            request = Request(url, dont_filter=True)
-            await h.lease_mw.process_request(request)
-            if request.meta["proxy_shard_proxy_id"] == pid:
-                return request
-            await _next_ms()
-            await h.respond(request)
-        raise AssertionError(f"{pid} never leased for {url}")
 
     async def scenario():
         await one.open()
         one.runtime.links.span = 0.0  # the evidence below comes within one burst
         # hard blocks on both sites (403, no Retry-After) teach nothing
         for url in ("http://x-shop.test/1", "http://y-shop.test/1"):
-            await ban(one, url, 403)
+            await _answer(one, await _lease_for(one, url), 403)
         assert one.runtime.sites.learned() == {}
         # three proxies, each answered clean on b-shop, then rate-banned (429 + Retry-After) on a-shop, then
         # on b-shop at its next request there (the shared blacklist refuses it)
         used = set()
+        told = {"Retry-After": "30"}
         for i in range(3):
-            request = Request(f"http://b-shop.test/clean-{i}", dont_filter=True)
-            await one.lease_mw.process_request(request)
-            pid = request.meta["proxy_shard_proxy_id"]
+            pid = await _answer(one, await _lease_for(one, f"http://b-shop.test/clean-{i}"))
             assert pid not in used
             used.add(pid)
-            await _next_ms()
-            await one.respond(request)
-            request = await lease_for(one, pid, f"http://a-shop.test/{i}")
-            await _next_ms()
-            await one.respond(request, status=429, body=b"slow down", headers={"Retry-After": "30"})
-            request = await lease_for(one, pid, f"http://b-shop.test/{i}")
-            await _next_ms()
-            await one.respond(request, status=429, body=b"slow down", headers={"Retry-After": "30"})
+            await _answer(one, await _lease_for(one, f"http://a-shop.test/{i}", pid), 429, told)
+            await _answer(one, await _lease_for(one, f"http://b-shop.test/{i}", pid), 429, told)
         return one.runtime.sites.key_for_url("http://b-shop.test/3")
 
     with caplog.at_level(logging.INFO, logger="scrapy_proxy_shard"):
@@ -237,28 +230,16 @@ def test_independent_sites_whose_bans_coincide_are_told_apart_by_the_crawl():
     h = Harness({"PROXY_SHARD_LEARN_SITE_GROUPS": True}, pool="default",
                 proxies=[f"http://10.9.1.{i}:3128" for i in range(1, 7)])
 
-    async def respond(url, status=200, headers=None, pid=None):
-        for _ in range(10):
-            request = Request(url, dont_filter=True)
-            await h.lease_mw.process_request(request)
-            if pid is None or request.meta["proxy_shard_proxy_id"] == pid:
-                break
-            await _next_ms()
-            await h.respond(request)
-        await _next_ms()
-        await h.respond(request, status=status, body=b"x" if status != 200 else PAGE, headers=headers)
-        return request.meta["proxy_shard_proxy_id"]
-
     async def scenario():
         await h.open()
         h.runtime.links.span = 0.0  # would link at once without the veto
         told = {"Retry-After": "30"}
-        pid = await respond("http://one.test/1", 429, told)
-        await respond("http://two.test/1", pid=pid)  # resting from one.test, clean on two.test: apart
+        pid = await _answer(h, await _lease_for(h, "http://one.test/1"), 429, told)
+        await _answer(h, await _lease_for(h, "http://two.test/1", pid))  # resting from one.test, clean: apart
         for i in range(3):  # then bans that would link them
-            other = await respond(f"http://two.test/c{i}")
-            await respond(f"http://one.test/b{i}", 429, told, pid=other)
-            await respond(f"http://two.test/b{i}", 429, told, pid=other)
+            other = await _answer(h, await _lease_for(h, f"http://two.test/c{i}"))
+            await _answer(h, await _lease_for(h, f"http://one.test/b{i}", other), 429, told)
+            await _answer(h, await _lease_for(h, f"http://two.test/b{i}", other), 429, told)
         return h.runtime.sites.learned()
 
     assert run(scenario()) == {}
@@ -310,21 +291,9 @@ def test_auto_learns_from_the_adaptively_paced_sites_only(learn, linked):
         h.runtime.links.span = 0.0
         told = {"Retry-After": "30"}
         for i in range(3):
-            request = Request(f"http://b-shop.test/clean-{i}", dont_filter=True)
-            await h.lease_mw.process_request(request)
-            pid = request.meta["proxy_shard_proxy_id"]
-            await _next_ms()
-            await h.respond(request)
-            for site in ("a-shop", "b-shop"):
-                for _ in range(12):
-                    request = Request(f"http://{site}.test/{i}-{_}", dont_filter=True)
-                    await h.lease_mw.process_request(request)
-                    if request.meta["proxy_shard_proxy_id"] == pid:
-                        break
-                    await _next_ms()
-                    await h.respond(request, status=404, body=b"gone")  # neither clean nor a ban
-                await _next_ms()
-                await h.respond(request, status=429, body=b"slow down", headers=told)
+            pid = await _answer(h, await _lease_for(h, f"http://b-shop.test/clean-{i}"))
+            for site in ("a-shop", "b-shop"):  # the others on the way: a 404, neither clean nor a ban
+                await _answer(h, await _lease_for(h, f"http://{site}.test/{i}", pid, others=404), 429, told)
 
     run(scenario())
     assert h.stat("site_groups/linked") == linked

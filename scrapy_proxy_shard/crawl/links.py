@@ -70,7 +70,8 @@ class SiteLinker:
         said how long it refuses the IP, and a shared blacklist's first round of bans often opens it."""
         if not self.enabled or not self.counts(reason, retry_after):
             return
-        if not self.everywhere and not self._start(lease.site):
+        start = self._start(lease.site)
+        if not self.everywhere and not start:
             return
         if result.ban_until is not None:
             quarantine = result.ban_until - result.now
@@ -81,7 +82,7 @@ class SiteLinker:
         if len(self._resting) >= RESTING_MAX:  # a proxy that never answers again leaves its entry
             self._resting = {k: v for k, v in self._resting.items() if v[2] > result.now}
         self._resting[lease.proxy_id] = [lease.site, result.now, result.now + quarantine, set()]
-        await self._ask(lease.pool, lease.site, lease.proxy_id, max(0.001, quarantine), self._start(lease.site))
+        await self._ask(lease.pool, lease.site, lease.proxy_id, max(0.001, quarantine), start=start)
 
     async def answered(self, lease: Lease, result: ReleaseResult) -> None:
         """A clean answer: when its proxy rests from another site (a rate quarantine this host started
@@ -105,11 +106,7 @@ class SiteLinker:
             return
         told.add(lease.site)
         self.runtime.stats.inc_value(f"{STATS}/site_groups/apart")
-        try:
-            await self.runtime.store.site_link(lease.pool, lease.site, lease.proxy_id, quarantine=0.0,
-                                               known=self._known.get(lease.pool, ""), rested_from=site)
-        except ProxyShardError as exc:
-            logger.debug("proxy_shard: site group counter-evidence not told: %(e)s", {"e": exc})
+        await self._ask(lease.pool, lease.site, lease.proxy_id, 0.0, rested_from=site)
 
     async def refresh(self, pool: str) -> None:
         """Read ``pool``'s learned groups when they changed (one short call: the version, else the map)."""
@@ -121,13 +118,18 @@ class SiteLinker:
         pace = self.runtime.options_of(site).autothrottle
         return pace.start_interval if pace is not None and pace.enabled else 0.0
 
-    async def _ask(self, pool: str, site: str, proxy_id: str, quarantine: float, start: float = 0.0) -> None:
+    async def _ask(self, pool: str, site: str, proxy_id: str, quarantine: float, *, start: float = 0.0,
+                   rested_from: str = "") -> None:
+        """One site_link call (a rate ban, a clean answer while resting, or a read); every reply carries
+        the map when this host's version is not current, so each call also refreshes it."""
         self._read_at[pool] = asyncio.get_running_loop().time()
         try:
             links = await self.runtime.store.site_link(pool, site, proxy_id, quarantine=quarantine,
-                                                      known=self._known.get(pool, ""), start=start, span=self.span)
+                                                      known=self._known.get(pool, ""), start=start, span=self.span,
+                                                      rested_from=rested_from)
         except ProxyShardError as exc:
-            logger.debug("proxy_shard: learned site groups of pool %(pool)r not read: %(e)s", {"pool": pool, "e": exc})
+            logger.debug("proxy_shard: learned site groups of pool %(pool)r not told or read: %(e)s",
+                         {"pool": pool, "e": exc})
             return
         if links is None:
             return

@@ -1045,9 +1045,10 @@ class ShardRuntime:
                 )
                 if retry_after is not None:
                     self.stats.inc_value(f"{STATS}/bans/retry_after")
-        if outcome == "ban" and recorded == outcome:  # a rate ban may say two sites share a blacklist
+        # A rate ban may say two sites share a blacklist; a clean answer, that they do not (links.py).
+        if outcome == "ban" and recorded == outcome:
             await self.links.banned(lease, result, reason, retry_after)
-        elif outcome == "ok" and self.links.enabled and result.status == "ok":  # ... a clean answer, that not
+        elif outcome == "ok" and self.links.enabled and result.status == "ok":
             await self.links.answered(lease, result)
         if result.breaker is not None:
             self._breaker_event(lease, result.breaker, reason or outcome)

@@ -49,7 +49,8 @@ GWROT = "gwrot"          # HASH "<gateway id>|<site>" -> "rotations|window start
 GWEXIT = "gwexit"        # HASH exit IP -> "<proxy id>|<token>|until_ms": the gateway slot seen on it
 GWBUSY = "gwbusy"        # HASH gateway slot id -> "lease token|expires_ms": its request in flight (lease.lua)
 LINKBAN = "linkban"      # HASH proxy id -> "<site>|<until ms>": its latest rate ban (site_link.lua)
-LINKEV = "linkev"        # HASH "<a>|<b>" -> "<proxy id>|<ms>": one proxy's evidence that a and b share a blacklist
+LINKEV = "linkev"        # HASH "<a>|<b>" -> "<first ms>|<proxy id>|...": evidence that a and b share a
+#                          blacklist, or "-<ms>": a veto since then (site_link.lua)
 LINKS = "links"          # HASH site -> its learned group's key, "~v" -> the map's version (site_link.lua)
 KEY_SUFFIXES = (PROXIES, TAGS, ORDER, SITE, SITEIDX, READY, SESSION, BANS, BANIDX, PSTATS, HSTATS, SSTATS,
                 SITESTATS, COUNTERS, WAITING, FREED, HOSTS, HOSTINFO, LOAD, DONE, META, BREAKER, BREAKER_SEEN,

@@ -5,8 +5,8 @@
 -- (its mark in B's pace hash, see site_mark in _lib.lua: 'c' when the ban was spared by the breaker,
 -- 'f...' when it started a quarantine), while X is quarantined on site A, is *evidence* that A and B
 -- share a blacklist; the same evidence from ARGV[8] distinct proxies within ARGV[4] ms of the first,
--- the last at least ARGV[11] ms after the first, links them for every host: both are then leased, paced and quarantined as one site group. One
--- proxy's coincidences never link (a proxy that is bad everywhere is banned everywhere), nor do bans
+-- the last at least ARGV[11] ms after the first, links them for every host: both are then leased,
+-- paced and quarantined as one site group. One proxy's coincidences never link (a proxy that is bad everywhere is banned everywhere), nor do bans
 -- that follow bans (a site rejecting every IP at once: an opening wave, a breaker's probe round).
 -- And a clean answer on B to a request started while its proxy rested from A (ARGV[9] = A) proves B
 -- does not share A's blacklist: it vetoes linking the two for ARGV[10] ms and drops their pending
