@@ -550,9 +550,19 @@ def test_a_pacing_wait_is_slept_exactly_others_at_least_min_pause(monkeypatch):
             slept.append(seconds)
         await real_sleep(seconds, *args, **kwargs)
 
+    paced: list[float] = []
+    pacing_sleep = runtime._sleepers.sleep
+
+    async def sleep_paced(pool, site, seconds):  # a pool's pacing wait: a sleep a release may cut short
+        slept.append(seconds)
+        paced.append(seconds)
+        await pacing_sleep(pool, site, seconds)
+
     monkeypatch.setattr(runtime_module.asyncio, "sleep", sleep)
+    monkeypatch.setattr(runtime._sleepers, "sleep", sleep_paced)
     asyncio.run(runtime.acquire(Request("http://a.example/"), POOL, "a.example", None))
     assert slept[:3] == [0.012, PACING_PAUSE, 0.03]
+    assert paced == [0.012, PACING_PAUSE]  # the session's wait is for its own proxy: a plain sleep
     assert fake.blocked == [MIN_PAUSE]  # the held slot: on the freed list, at least MIN_PAUSE
     # ... whose instant wake-up (a stale entry) is topped up to MIN_PAUSE / 5; the negative wait: MIN_PAUSE
     assert len(slept) == 5 and 0 < slept[3] <= MIN_PAUSE / 5 and slept[4] == MIN_PAUSE

@@ -206,6 +206,28 @@ def test_a_link_restarts_the_groups_adaptive_pace_and_the_blacklists_bans_do_not
     assert store.client.pttl(schema.pace_key(store.prefix(POOL), "a.example")) > 6 * 86400000
 
 
+@pytest.mark.parametrize(("b_lo", "iv", "bad"), [("600.000", "600.000", "400.000"), (None, "3000.000", "400.000"),
+                                                  ("5000.000", "3000.000", "400.000")])
+def test_a_group_starts_where_probes_proved_both_sites_clean(store, b_lo, iv, bad):
+    """Both sites' probes had proved an interval clean (``lo``): the group starts at the larger (one IP's
+    requests to both now count as one site's), never above the start interval, with the larger interval
+    known to fail; their learned intervals, raised by the blacklist's bans, are not used. A site whose
+    probes proved nothing leaves the group at the start interval."""
+    store.add_proxies(POOL, URLS)
+    prefix = store.prefix(POOL)
+    a = {"iv": "4500.000", "lo": "450.000", "bad": "400.000"}
+    store.client.hset(schema.pace_key(prefix, "a.example"), mapping=a)
+    b = {"iv": "6750.000", "bad": "300.000"} | ({"lo": b_lo} if b_lo else {})
+    store.client.hset(schema.pace_key(prefix, "b.example"), mapping=b)
+    for pid in _ids(store)[:3]:
+        _banned(store, "a.example", pid, after_clean=False)
+        links = _banned(store, "b.example", pid, quarantine=15, start=3.0)
+    assert links.linked == ("a.example", "b.example")
+    pace = store.client.hgetall(schema.pace_key(prefix, "a.example"))
+    assert (pace["iv"], pace["bad"]) == (iv, bad)
+    assert not store.client.exists(schema.pace_key(prefix, "b.example"))
+
+
 def test_a_clean_answer_while_resting_from_the_other_site_vetoes_the_link(store):
     store.add_proxies(POOL, URLS)
     p1, p2, p3, p4 = _ids(store)[:4]

@@ -75,6 +75,11 @@ class SiteLinker:
             return
         if result.ban_until is not None:
             quarantine = result.ban_until - result.now
+            if retry_after:
+                # The site's own word on how long it refuses the IP: a quarantine escalated past it
+                # (banned again right after an earlier one) outlasts the site's ban, and a clean answer
+                # elsewhere after the site forgave the IP would veto a blacklist that is shared.
+                quarantine = min(quarantine, retry_after)
         elif result.breaker is not None and retry_after:
             quarantine = retry_after
         else:

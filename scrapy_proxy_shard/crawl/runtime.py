@@ -28,6 +28,7 @@ from scrapy_proxy_shard.crawl.health import HostMonitor
 from scrapy_proxy_shard.crawl.links import SiteLinker
 from scrapy_proxy_shard.crawl.liveness import Liveness, close_spider_soon
 from scrapy_proxy_shard.crawl.logstats import INTERVAL_STAT, MARGIN_STAT
+from scrapy_proxy_shard.crawl.pacewake import PacingSleepers
 from scrapy_proxy_shard.crawl.startup import StartupGate, check_eviction
 from scrapy_proxy_shard.crawl.tiers import TierMoved, TierRouter
 from scrapy_proxy_shard.engine.breaker import BreakerEvent
@@ -149,6 +150,7 @@ class ShardRuntime:
         self._held: dict[str, Lease] = {}
         self._gate = _Gate()
         self._learned: dict[str, float] = {}  # adaptive pacing: site -> the last learned interval seen
+        self._sleepers = PacingSleepers()  # requests sleeping for a pacing slot (a release may wake one)
         self._arrival = ArrivalGuard()  # paces from when a request can have reached its site (arrival.py)
         self._margins: dict[str, float] = {}  # the path margin of each fixed-interval site (Redis's word)
         self._site_options: dict[str, Any] = {}  # site -> settings.site_options(site), for options_of
@@ -911,7 +913,11 @@ class ShardRuntime:
             return False
         exact = wait.reason == "session" or (wait.reason == "pool" and wait.wait <= longest_pacing)
         if exact:
-            await asyncio.sleep(max(PACING_PAUSE, min(wait.wait, remaining)))
+            pause = max(PACING_PAUSE, min(wait.wait, remaining))
+            if wait.reason == "session":  # its own proxy: no other slot's release helps it
+                await asyncio.sleep(pause)
+            else:  # a slot given back meanwhile may free sooner (a probe's, a lowered interval's)
+                await self._sleepers.sleep(pool, site, pause)
             return True
         await self.store.wait_for_release(pool, site, min(max(MIN_PAUSE, min(wait.wait, remaining)), MAX_BLOCK))
         return False
@@ -1008,6 +1014,9 @@ class ShardRuntime:
             return None
         await self.tiers.answered(request, outcome, result)
         self.stats.inc_value(f"{STATS}/release/{result.status}")
+        if (result.free_at is not None and outcome in ("ok", "unknown")
+                and self._sleepers.release_freed(lease.pool, lease.site, result.free_at - result.now)):
+            self.stats.inc_value(f"{STATS}/pacing/woken")
         if result.status == "ok":
             elapsed = result.now - lease.issued_at  # both on the Redis clock
             shift = self._arrival.shift(elapsed, floor, cap) if cap > 0.0 else 0.0

@@ -97,16 +97,22 @@ class ReleaseResult:
     #: interval for every host; docs/pacing.md), and whether this answer widened it.
     margin: float = 0.0
     widened: bool = False
+    #: When the slot given back may be used again (Redis clock, seconds), or None (a session's slot, a
+    #: release that freed nothing, the local fallback engine): crawl/pacewake.py wakes a request of
+    #: this host sleeping longer than that.
+    free_at: float | None = None
 
     @classmethod
     def _of(cls, status: str, now: float, ban_until: float | None, strikes: int, breaker: BreakerEvent | None,
-            interval: float | None, pace_event: str, margin: float, widened: bool) -> ReleaseResult:
+            interval: float | None, pace_event: str, margin: float, widened: bool,
+            free_at: float | None = None) -> ReleaseResult:
         """``ReleaseResult(...)`` with every field given, without the frozen class's ``object.__setattr__``
         per field (the release path makes one per call): the same object."""
         self = object.__new__(cls)
         object.__setattr__(self, "__dict__", {
             "status": status, "now": now, "ban_until": ban_until, "strikes": strikes, "breaker": breaker,
-            "interval": interval, "pace_event": pace_event, "margin": margin, "widened": widened})
+            "interval": interval, "pace_event": pace_event, "margin": margin, "widened": widened,
+            "free_at": free_at})
         return self
 
 

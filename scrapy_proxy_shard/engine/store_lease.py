@@ -257,7 +257,8 @@ class _Leasing:
         return ReleaseResult._of(reply[0].lower(), int(reply[1]) / 1000,
                                  until / 1000 if until else None, int(reply[3]), breaker,
                                  float(learned) / 1000 if learned else None, reply[11] if n > 11 else "",
-                                 margin, n > 13 and reply[13] == "widen")
+                                 margin, n > 13 and reply[13] == "widen",
+                                 int(reply[14]) / 1000 if n > 14 and reply[14] else None)
 
     def breaker_options(self, site: str) -> BreakerOptions | None:
         """The circuit breaker's options for ``site`` on this store (None: off)."""

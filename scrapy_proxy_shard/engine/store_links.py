@@ -81,12 +81,31 @@ class _Links:
         pair = tuple(linked.split("|", 1)) if linked else None
         if pair is not None:
             paces = [keys.pace_key(self.prefix(pool), key) for key in pair]
+            proven = []
+            for pace in paces:
+                proven.append((yield _Command(("HMGET", pace, "lo", "bad"))))
             yield _Command(("DEL", *paces))
             if start > 0:
-                yield _Command(("HSET", paces[0], "iv", f"{_ms(start, 'start')}.000", "chg", now, "eff", now + 2 * ttl,
-                                "run", 0, "bad", 0, "vote", "", "probe", "", "xp", now + PACE_KEEP_MS))
+                iv, bad = _group_start(start, proven)
+                yield _Command(("HSET", paces[0], "iv", f"{iv:.3f}", "chg", now, "eff", now + 2 * ttl,
+                                "run", 0, "bad", f"{bad:.3f}" if bad else 0, "vote", "", "probe", "",
+                                "xp", now + PACE_KEEP_MS))
                 yield _Command(("PEXPIRE", paces[0], PACE_KEEP_MS))
         if len(reply) == 3 and version == known:
             return SiteLinks(version, None, pair)
         rest = [str(x) for x in reply[3:]]
         return SiteLinks(version, dict(zip(rest[::2], rest[1::2], strict=True)), pair)
+
+
+def _group_start(start: float, proven: list) -> tuple[float, float]:
+    """Where a group's adaptive pace starts (ms): the larger of the intervals probes last proved clean on
+    its two sites (each site's rule is at most that; one IP's requests to both now count as one site's),
+    when both proved one, and never above the start interval; and the interval known to fail (the
+    larger of the two sites'), so the group's probes start from what the sites learned. Their learned
+    intervals are not used: the bans that linked them raised those, the blacklist's doing."""
+    start_ms = start * 1000
+    los = [float(lo) for lo, _ in proven if lo]  # (float() takes bytes and str alike)
+    bads = [float(bad) for _, bad in proven if bad]
+    iv = min(start_ms, max(los)) if len(los) == len(proven) and los else start_ms
+    bad = max(bads, default=0.0)
+    return iv, bad if bad < iv else 0.0

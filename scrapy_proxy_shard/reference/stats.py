@@ -144,6 +144,9 @@ SECTIONS: tuple[StatSection, ...] = (
              "page ([scrapy-playwright](../recipes/scrapy-playwright.md#pacing))"),
         _doc("proxy_shard/pacing/arrival_guard_ms", FINISH, "ms the arrival guard added to slots' intervals, "
              "total (`PROXY_SHARD_ARRIVAL_GUARD`)"),
+        _doc("proxy_shard/pacing/woken", FINISH, "requests sleeping for a pacing slot that a release woke "
+             "early: the slot it gave back frees sooner (adaptive pacing's probe, a lowered interval; "
+             "[pacing](../pacing.md#adaptive-pacing-proxy_shard_autothrottle_enabled-the-default-where-the-rule-is-not-given))"),
     )),
     StatSection("Requests the plugin does not lease", "Opt-outs, local schemes and refusals.", (
         _doc("proxy_shard/skipped", MW, "requests left alone (opt-out or own `meta['proxy']`)"),

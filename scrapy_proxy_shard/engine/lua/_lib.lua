@@ -149,8 +149,8 @@ end
 -- The release reply a memo holds (nil for a lease memo or abandon.lua's bar).
 local function release_memo_reply(v)
   if string.sub(v, 1, 2) == 'R|' then
-    local status, now = string.match(v, '^R|(%u+)|(%d+)$')
-    return {status, tonumber(now), 0, 0, '', 0, 0, '', 0, 0, '', '', '0.000', ''}
+    local status, now, free = string.match(v, '^R|(%u+)|(%d+)|?(%d*)$')
+    return {status, tonumber(now), 0, 0, '', 0, 0, '', 0, 0, '', '', '0.000', '', tonumber(free) or 0}
   end
   if string.sub(v, 1, 1) == 'R' then return cjson.decode(string.sub(v, 2)) end
   return nil
@@ -158,8 +158,8 @@ end
 local function remember_release(memo, reply, now_str)
   local plain = reply[3] == 0 and reply[4] == 0 and reply[5] == '' and reply[11] == '' and reply[12] == ''
     and reply[13] == '0.000' and reply[14] == ''
-  if plain and #reply == 14 then
-    redis.call('SET', memo, 'R|' .. reply[1] .. '|' .. now_str, 'PX', MEMO_MS)
+  if plain and #reply == 15 then
+    redis.call('SET', memo, 'R|' .. reply[1] .. '|' .. now_str .. '|' .. string.format('%d', reply[15]), 'PX', MEMO_MS)
   else
     redis.call('SET', memo, 'R' .. cjson.encode(reply), 'PX', MEMO_MS)
   end
@@ -832,6 +832,8 @@ local PACE_LONE_RUN = 20     -- clean answers at the pace that void a pending vo
 local PACE_MARGIN = 0.05
 local PACE_FORGET_RUN = 1000
 local PACE_FORGET = 0.95
+local PACE_HORIZON_MIN = 30000  -- ms: the least a probe's gain is counted over (see next_probe)
+local PACE_COST_PRIOR = 60000   -- ms: what a failed probe is assumed to cost while its ban's length is unknown
 
 local function pace_ms(x) return string.format('%.3f', x) end
 
@@ -869,6 +871,36 @@ end
 -- one proxy); PACE_LONE_RUN clean answers at the pace void a pending vote: a ban that follows clean
 -- answers from other proxies at the same interval points at its proxy, so one bad proxy never raises
 -- the site's interval by itself.
+-- The interval a probe tries below `iv`, or nil when `iv` is at its floor (max(min, bad + margin)) or
+-- the step is not worth its risk. Nothing failed yet: a long step (x PACE_DOWN_FIRST). Else halfway
+-- (geometric) between the interval in force and the floor above the one known to fail, at most x
+-- PACE_DOWN: the rule lies between the two, so such a probe fails about half the time, and a failure
+-- costs its IP's quarantine on the site (`cost` ms, what the last failed probe cost: pfc). The probe is
+-- tried when what it would win if it holds outweighs that: every proxy of the pool (`proxies`) faster
+-- by iv / new - 1 for the horizon (as long again as the site has been paced: `age` ms, at least
+-- PACE_HORIZON_MIN) against one IP's quarantine. A site that bans for minutes with a small pool stops
+-- a few % above its rule; one that forgives in seconds is probed to the floor. (`proxies`: the pool's
+-- size, read here.) Forgetting (bad x
+-- PACE_FORGET) widens the step again.
+local function next_probe(iv, bad, min_ms, cost, age)
+  local floor = min_ms
+  if bad * (1 + PACE_MARGIN) > floor then floor = bad * (1 + PACE_MARGIN) end
+  if iv <= floor + 0.01 then return nil end  -- (0.01: iv is kept to 3 decimals)
+  local new = iv * PACE_DOWN
+  if bad == 0 then
+    new = iv * PACE_DOWN_FIRST
+  elseif math.sqrt(iv * floor) < new then
+    new = math.sqrt(iv * floor)
+  end
+  if new < floor then new = floor end
+  if bad > 0 and cost and cost > 0 then
+    local horizon = age
+    if not horizon or horizon < PACE_HORIZON_MIN then horizon = PACE_HORIZON_MIN end
+    if redis.call('HLEN', K_PROXIES) * (iv / new - 1) * horizon < cost then return nil end
+  end
+  return new
+end
+
 local function pace_release(site, id, start, outcome, rate, start_ms, min_ms, max_ms, last, now, s, o)
   local K = K_PACE
   -- s: the hash's fields read by the caller, from s[o + 1]: iv eff run bad vote probe piv pat pn prev pend
@@ -878,10 +910,25 @@ local function pace_release(site, id, start, outcome, rate, start_ms, min_ms, ma
   local probe, piv, pat, pn = s[o + 6] or '', tonumber(s[o + 7]) or 0, tonumber(s[o + 8]) or 0, tonumber(s[o + 9]) or 0
   local prev, pend = tonumber(s[o + 10]), tonumber(s[o + 11]) or 0
   local firm, pls = s[o + 12] == '1', tonumber(s[o + 13])
+  local born, cost = tonumber(s[o + 14]), tonumber(s[o + 15])
+  local failed_ip = s[o + 16] or ''
+  if failed_ip ~= '' then
+    -- A failed probe's IP whose quarantine length the site did not say: what it cost is known when it
+    -- answers clean on the site again (until then assumed PACE_COST_PRIOR).
+    local fid, fat = string.match(failed_ip, '^(.*)|(%d+)$')
+    if fid == id and outcome == 'ok' and fat then
+      cost = now - tonumber(fat)
+      redis.call('HSET', K, 'pfc', istr(cost), 'pfi', '')
+    elseif not cost then
+      cost = PACE_COST_PRIOR
+    end
+  end
   if not iv or not eff then
-    iv, eff = start_ms, now
-    redis.call('HSET', K, 'iv', pace_ms(iv), 'chg', istr(now), 'eff', istr(now), 'run', 0, 'bad', 0, 'vote', '',
-      'probe', '')
+    -- The site's first answer: every request in flight was started at the start interval (or not paced at
+    -- all: nothing came before it), so every answer counts towards the first clean run (eff 0).
+    iv, eff, born = start_ms, 0, now
+    redis.call('HSET', K, 'iv', pace_ms(iv), 'chg', istr(now), 'eff', '0', 'run', 0, 'bad', 0, 'vote', '',
+      'probe', '', 'born', istr(now))
   end
   local bounded = iv
   if bounded < min_ms then bounded = min_ms end
@@ -897,13 +944,18 @@ local function pace_release(site, id, start, outcome, rate, start_ms, min_ms, ma
     local before, until_ms = '', 0
     if what == 'down' then
       -- Provisional for PACE_LONE_RUN clean answers, and until every proxy could have used the new
-      -- interval as often as its probe had to (a burst allowance runs out per IP).
+      -- interval twice as often as its probe had to (a burst allowance runs out per IP, and the probe's
+      -- count assumed the rule at `iv`: a rule just above `new` lets more through). Probes go on
+      -- meanwhile: a lowering undone takes those below it along.
       before = pace_ms(iv)
-      until_ms = now + iv + probe_needed(new, iv, bad) * new
+      until_ms = now + iv + 2 * probe_needed(new, iv, bad) * new
     end
     redis.call('HSET', K, 'iv', pace_ms(new), 'chg', istr(now), 'eff', istr(now + iv), 'run', 0, 'vote', '',
       'probe', '', 'prev', before, 'pend', istr(until_ms), 'firm', '')
     redis.call('HINCRBY', K, what, 1)
+    -- lo: the interval a probe last proved clean (a lowering; or the one a provisional lowering went
+    -- back to): where a site group linked through this site starts (store_links.py)
+    if what == 'down' or what == 'back' then redis.call('HSET', K, 'lo', pace_ms(new)) end
     iv, event, probe = new, what, ''
   end
   if probe ~= '' and probe == id then
@@ -911,7 +963,18 @@ local function pace_release(site, id, start, outcome, rate, start_ms, min_ms, ma
     if outcome == 'ok' then
       if start >= pat then
         if pls and start - pls <= piv * PACE_PROBE_TIGHT then pn = pn + 1 end
-        if pn >= probe_needed(piv, iv, bad) then change(piv, 'down') else redis.call('HSET', K, 'pn', pn, 'pls', istr(start)) end
+        if pn >= probe_needed(piv, iv, bad) then
+          change(piv, 'down')
+          -- The probe goes on lower at once (its IP has just run the new interval for a burst's worth
+          -- of answers): a descent in one proxy's steps, not one per proving of every proxy.
+          local lower = next_probe(iv, bad, min_ms, cost, born and now - born)
+          if lower and redis.call('EXISTS', K_WAITING) == 1 then
+            redis.call('HSET', K, 'probe', id, 'piv', pace_ms(lower), 'pat', istr(now), 'pn', 0, 'pls', istr(start))
+            probe, piv = id, lower
+          end
+        else
+          redis.call('HSET', K, 'pn', pn, 'pls', istr(start))
+        end
       end
     elseif outcome == 'ban' and rate and start >= pat then
       redis.call('HSET', K, 'bad', pace_ms(piv), 'probe', '')
@@ -921,49 +984,43 @@ local function pace_release(site, id, start, outcome, rate, start_ms, min_ms, ma
       redis.call('HSET', K, 'probe', '')
       probe = ''
     end
-  elseif outcome == 'ok' then
-    if start >= eff then
+  elseif outcome == 'ok' and (start >= eff or prev) then
+    -- (an answer started before eff was paced the old way: it counts only towards a provisional
+    -- lowering's next probe, which needs no clean run: its probe's IP just proved the interval)
+    local counted = start >= eff
+    if counted then
       run = run + 1
       if not firm and not prev and run >= PACE_LONE_RUN then
         redis.call('HSET', K, 'firm', '1')  -- a long clean run: failures here are marginal (see 'up')
         firm = true
       end
-      local floor = min_ms
-      if bad * (1 + PACE_MARGIN) > floor then floor = bad * (1 + PACE_MARGIN) end
-      if probe ~= '' and now > pat + math.max(PACE_PROBE_MS, 20 * piv) then
-        redis.call('HSET', K, 'probe', '')  -- its proxy was removed, or never came back
-        probe = ''
-      end
-      -- A probe only while requests wait for the site's slots (P:waiting:<site>, set by a lease that
-      -- answered WAIT in the last 6 s): a lower interval is useless, and untestable, when the crawl
-      -- does not use the one in force to the full.
-      if probe == '' and not prev and run >= PACE_CLEAN_RUN and iv > floor + 0.01  -- (0.01: iv is kept to 3 decimals)
-          and redis.call('EXISTS', K_WAITING) == 1 then
-        -- Nothing failed yet: a long step. Else halfway (geometric) between the interval in force and
-        -- the floor above the one known to fail, at most x PACE_DOWN: the rule lies between the two.
-        local new = iv * PACE_DOWN
-        if bad == 0 then
-          new = iv * PACE_DOWN_FIRST
-        elseif math.sqrt(iv * floor) < new then
-          new = math.sqrt(iv * floor)
-        end
-        if new < floor then new = floor end
-        redis.call('HSET', K, 'probe', id, 'piv', pace_ms(new), 'pat', istr(now), 'pn', 0, 'run', 0,
-          'pls', istr(start))
-        probe, piv, event = id, new, 'probe'
-      elseif probe == '' and bad > 0 and run >= PACE_FORGET_RUN then
-        redis.call('HSET', K, 'bad', pace_ms(bad * PACE_FORGET), 'run', 0, 'vote', '')
-        redis.call('HINCRBY', K, 'forget', 1)
-        event = 'forget'
-      elseif (vote ~= '' or (prev and now >= pend)) and run >= PACE_LONE_RUN then
-        if prev and now >= pend then
-          redis.call('HSET', K, 'run', run, 'vote', '', 'prev', '')
-        else
-          redis.call('HSET', K, 'run', run, 'vote', '')
-        end
+    end
+    if probe ~= '' and now > pat + math.max(PACE_PROBE_MS, 20 * piv) then
+      redis.call('HSET', K, 'probe', '')  -- its proxy was removed, or never came back
+      probe = ''
+    end
+    -- A probe only while requests wait for the site's slots (P:waiting:<site>, set by a lease that
+    -- answered WAIT in the last 6 s): a lower interval is useless, and untestable, when the crawl
+    -- does not use the one in force to the full.
+    local new = probe == '' and (run >= PACE_CLEAN_RUN or prev) and next_probe(iv, bad, min_ms, cost, born and now - born)
+    if new and redis.call('EXISTS', K_WAITING) == 1 then
+      redis.call('HSET', K, 'probe', id, 'piv', pace_ms(new), 'pat', istr(now), 'pn', 0, 'run', 0,
+        'pls', istr(start))
+      probe, piv, event = id, new, 'probe'
+    elseif not counted then
+      -- nothing to count
+    elseif probe == '' and bad > 0 and run >= PACE_FORGET_RUN then
+      redis.call('HSET', K, 'bad', pace_ms(bad * PACE_FORGET), 'run', 0, 'vote', '')
+      redis.call('HINCRBY', K, 'forget', 1)
+      event = 'forget'
+    elseif (vote ~= '' or (prev and now >= pend)) and run >= PACE_LONE_RUN then
+      if prev and now >= pend then
+        redis.call('HSET', K, 'run', run, 'vote', '', 'prev', '')
       else
-        redis.call('HSET', K, 'run', run)
+        redis.call('HSET', K, 'run', run, 'vote', '')
       end
+    else
+      redis.call('HSET', K, 'run', run)
     end
   elseif outcome == 'ban' and rate then
     local votes = start >= eff and last == 'c'

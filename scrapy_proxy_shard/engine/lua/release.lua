@@ -55,7 +55,7 @@
 --          until the site teaches one (see site_learn); 0 or absent: none
 -- Replies:
 --   {"OK", now_ms, ban_until_ms, strikes, breaker_event, bans, proxies, reasons, window_ms, cooloff_ms,
---    learned_interval, pace_event, margin_ms, margin_event}
+--    learned_interval, pace_event, margin_ms, margin_event, free_at_ms}
 --        released (ban fields 0 when no ban was applied). breaker_event "" or: "opened" (this ban
 --        opened the site's breaker: bans, distinct proxies, "reason:n,..." and window are the
 --        evidence), "reopened" (this probe was banned), "closed" (this probe was fine), "spared" (a
@@ -63,8 +63,10 @@
 --        opened/reopened. learned_interval: the site's learned interval in force, ms as a string, ""
 --        when ARGV[18] is "0"; pace_event: what this answer did to it: "", "probe", "down", "fail",
 --        "back", "up", "skip" or "forget". margin_ms: the site's path margin in force (ms, fixed
---        interval only, "0" otherwise); margin_event "" or "widen". The STALE and EXPIRED replies carry
---        the same fields.
+--        interval only, "0" otherwise); margin_event "" or "widen"; free_at_ms: when the slot given
+--        back may be used again (its ready score; 0 for a session's slot or a release that freed
+--        nothing): a host wakes a request sleeping longer than that (crawl/pacewake.py). The STALE
+--        and EXPIRED replies carry the same fields.
 --   {"STALE", now_ms, ban_until_ms, strikes}   the lease had expired and someone else holds the slot
 --        now: nothing was freed (never a double use); outcome and ban are still recorded
 --   {"EXPIRED", now_ms, ban_until_ms, strikes} the lease had expired and nobody holds the slot;
@@ -107,6 +109,7 @@ local session_ttl = tonumber(ARGV[9])
 local id = id_of(member)
 local ready = K_READY
 local status = 'OK'
+local free_at = 0  -- when the given-back slot may be used again (ms; 0: not a plain slot given back)
 
 -- What the site teaches in every mode (the proxy's last answer, the site's rest, the path margin),
 -- then adaptive pacing: this answer updates the site's learned interval, which then paces the slot.
@@ -123,7 +126,7 @@ if ARGV[8] ~= '' then learn_keep = learn_keep + tonumber(ARGV[9]) end
 local taught
 if adaptive then
   taught = redis.call('HMGET', K_PACE, 'p:' .. id, 'rest', 'mg', 'mgs', 'mge', 'mgr', 'mgb', 'xp',
-    'iv', 'eff', 'run', 'bad', 'vote', 'probe', 'piv', 'pat', 'pn', 'prev', 'pend', 'firm', 'pls')
+    'iv', 'eff', 'run', 'bad', 'vote', 'probe', 'piv', 'pat', 'pn', 'prev', 'pend', 'firm', 'pls', 'born', 'pfc', 'pfi')
 else
   taught = redis.call('HMGET', K_PACE, 'p:' .. id, 'rest', 'mg', 'mgs', 'mge', 'mgr', 'mgb', 'xp')
 end
@@ -198,6 +201,7 @@ else
       if tostring(interval) ~= held_now[5] then redis.call('HSET', K_SITE, IP_SPACING, tostring(interval)) end
     end
     at = not_before_floor(next_free(site, id, at), held_now[2])
+    free_at = at
     if redis.call('ZADD', ready, 'XX', 'CH', at, member) == 1 then
       announce_freed()
     end
@@ -263,6 +267,16 @@ elseif outcome == 'ban' or outcome == 'dead' then
     end
     ban_until, strikes, started = ban(scope, id, ARGV[10], base, tonumber(ARGV[12]),
       tonumber(ARGV[13]), tonumber(ARGV[14]), now, brief and last_answer == 'c', told, brief)
+    if pace_event == 'fail' and ban_until > now then
+      -- What a failed probe cost: its IP's quarantine on the site when the site said how long
+      -- (Retry-After); else unknown until the IP answers clean there again (pace_release), assumed
+      -- PACE_COST_PRIOR meanwhile. The next probes weigh it (next_probe).
+      if told and told > 0 then
+        redis.call('HSET', K_PACE, 'pfc', istr(ban_until - now), 'pfi', '')
+      else
+        redis.call('HSET', K_PACE, 'pfc', '', 'pfi', id .. '|' .. istr(now))
+      end
+    end
     if started == 1 and outcome == 'ban' then
       if brief and told == 0 and lineage and base > site_rest then  -- the site's rest proved too short
         redis.call('HSET', K_PACE, 'rest', istr(base))
@@ -292,4 +306,5 @@ reply[#reply + 1] = pace_iv
 reply[#reply + 1] = pace_event
 reply[#reply + 1] = pace_ms(margin)
 reply[#reply + 1] = margin_event
+reply[#reply + 1] = free_at
 return remember_release(K_LEASE_MEMO, reply, now_str)
