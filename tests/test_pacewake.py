@@ -76,3 +76,30 @@ def test_a_release_says_when_its_slot_frees_and_a_probe_frees_sooner(fake_redis)
             store.client.zadd(ready, {member: 0})  # every slot free again now (no waiting in a unit test)
     assert ("probe", 0.5) in seen  # the probe's own slot: 2 s x 0.25
     assert all(gap in (0.5, 2.0) for _, gap in seen)
+
+
+def test_a_lowering_brings_the_slots_paced_the_old_way_forward(fake_redis):
+    """A probe's lowering (2 s -> 0.5 s) moves the site's idle slots, paced start + 2 s at their release,
+    to start + 0.5 s; a slot in use and one in quarantine keep theirs."""
+    store = PoolStore(fake_redis, namespace="t", host_id="h")
+    urls = [f"http://10.0.0.{i}:3128" for i in range(1, 6)]
+    store.add_proxies("main", urls)
+    at = AutothrottleOptions(True, start_interval=2.0, min_interval=0.1, max_interval=10.0)
+    ready = script_keys("pool_status", store.prefix("main"), "a.test")[2]
+    pace = f"{store.prefix('main')}:pace:a.test"
+    probe, idle1, idle2, held, banned = (store.lease("main", "a.test", ttl=30) for _ in urls)
+    for lease in (idle1, idle2):
+        store.release(lease, outcome="ok", autothrottle=at)
+    store.release(banned, outcome="ban", reason="http_403", autothrottle=at)
+    before = {lease.member: store.client.zscore(ready, lease.member) for lease in (idle1, idle2, banned)}
+    for lease in (idle1, idle2):
+        assert before[lease.member] / 1000 - lease.issued_at == pytest.approx(2.0, abs=0.002)
+    # the probe has 3 of its 4 answers at 0.5 s: its next clean answer adopts 0.5 s for every host
+    store.client.hset(pace, mapping={"probe": probe.proxy_id, "piv": "500.000", "pat": "0", "pn": "3",
+                                     "pls": str(round(probe.issued_at * 1000))})
+    result = store.release(probe, outcome="ok", autothrottle=at)
+    assert result.pace_event == "down" and result.interval == pytest.approx(0.5)
+    for lease in (idle1, idle2):
+        assert store.client.zscore(ready, lease.member) / 1000 - lease.issued_at == pytest.approx(0.5, abs=0.002)
+    assert store.client.zscore(ready, banned.member) == before[banned.member]  # its quarantine holds
+    assert store.client.zscore(ready, held.member) > (held.issued_at + 29) * 1000  # still held: its lease

@@ -901,7 +901,28 @@ local function next_probe(iv, bad, min_ms, cost, age)
   return new
 end
 
-local function pace_release(site, id, start, outcome, rate, start_ms, min_ms, max_ms, last, now, s, o)
+-- A lowering from `old` to `new` ms: the site's slots given back under the old interval and not free
+-- yet are brought forward by the difference (start + old -> start + new), never before a quarantine or
+-- an overlap floor of theirs, nor before now; held slots are paced by their own release (which reads
+-- the new interval). Without this, after 3 s -> 0.75 s every other proxy still waited out its 3 s.
+-- Only for exact intervals (a randomized one's factor is the slot's own, unknown here).
+local function repace(site, old, new, now)
+  local delta = old - new
+  if delta <= 0 then return end
+  local due = redis.call('ZRANGEBYSCORE', K_READY, '(' .. istr(now), '+inf', 'WITHSCORES')
+  for i = 1, #due, 2 do
+    local member, at = due[i], tonumber(due[i + 1])
+    local rec = redis.call('HMGET', K_SITE, member, floor_field(member))
+    if not live_record(rec[1], now) then
+      local sooner = at - delta
+      if sooner < now then sooner = now end
+      sooner = not_before_floor(next_free(site, id_of(member), sooner), rec[2])
+      if sooner < at then redis.call('ZADD', K_READY, 'XX', sooner, member) end
+    end
+  end
+end
+
+local function pace_release(site, id, start, outcome, rate, start_ms, min_ms, max_ms, last, now, s, o, exact)
   local K = K_PACE
   -- s: the hash's fields read by the caller, from s[o + 1]: iv eff run bad vote probe piv pat pn prev pend
   -- firm pls (release.lua reads them with site_learn's in one HMGET)
@@ -953,6 +974,7 @@ local function pace_release(site, id, start, outcome, rate, start_ms, min_ms, ma
     redis.call('HSET', K, 'iv', pace_ms(new), 'chg', istr(now), 'eff', istr(now + iv), 'run', 0, 'vote', '',
       'probe', '', 'prev', before, 'pend', istr(until_ms), 'firm', '')
     redis.call('HINCRBY', K, what, 1)
+    if what == 'down' and exact then repace(site, iv, new, now) end
     -- lo: the interval a probe last proved clean (a lowering; or the one a provisional lowering went
     -- back to): where a site group linked through this site starts (store_links.py)
     if what == 'down' or what == 'back' then redis.call('HSET', K, 'lo', pace_ms(new)) end

@@ -140,7 +140,7 @@ if adaptive then
   local paced, learned
   local kept
   paced, pace_event, learned, kept = pace_release(site, id, answer_start, outcome, rate,
-    tonumber(ARGV[20]), tonumber(ARGV[21]), tonumber(ARGV[22]), last_answer, now, taught, 8)
+    tonumber(ARGV[20]), tonumber(ARGV[21]), tonumber(ARGV[22]), last_answer, now, taught, 8, tonumber(ARGV[23]) == 1)
   interval = math.floor(paced * tonumber(ARGV[23]) + 0.5)
   pace_iv = pace_ms(learned)
   -- a learned pace outlives restarts, not a dead site; one that learned nothing goes with the site
