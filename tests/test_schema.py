@@ -18,7 +18,7 @@ import fakeredis
 import pytest
 
 from scrapy_proxy_shard.engine import keyset, schema
-from scrapy_proxy_shard.engine.scripts import OPERATIONS, lib_definitions, role_local, script_source
+from scrapy_proxy_shard.engine.scripts import LIB_FILES, OPERATIONS, lib_definitions, role_local, script_source
 from scrapy_proxy_shard.engine.store import PoolStore
 from scrapy_proxy_shard.ops.snapshot import read_pool
 
@@ -64,8 +64,8 @@ def _bound_roles() -> dict[str, str]:
 
 
 def _lib_functions() -> dict[str, str]:
-    """_lib.lua's local functions by name: their bodies (comments stripped)."""
-    code = _code(LUA["_lib.lua"])
+    """The helper files' (_lib.lua, _pace.lua) local functions by name: their bodies (comments stripped)."""
+    code = "\n".join(_code(LUA[lib]) for lib in LIB_FILES)
     return dict(re.findall(r"^local function (\w+)\((.*?)^end$", code, flags=re.M | re.S))
 
 
@@ -134,7 +134,7 @@ def test_no_script_builds_a_key_name():
     for name, source in LUA.items():
         code = _code(source)
         assert not re.search(r"\bP \.\.|KEYS\[1\] \.\.|\.\. ':(?:" + "|".join(schema.KEY_SUFFIXES) + r")\b", code), name
-        if name != "_lib.lua":
+        if name not in LIB_FILES:
             assert "KEY_ROLES" not in code and "K[" not in code, name
         aliases = set(re.findall(r"^\s*(?:local )?(\w+) = K_[A-Z_]+$", code, flags=re.M))
         allowed = re.compile(r"K_[A-Z_]+|KEYS\[[^\]]+\]|" + "|".join(aliases or {"K_"}))
@@ -144,12 +144,12 @@ def test_no_script_builds_a_key_name():
                 continue
             keys_at = args if command in key_args_all else args[:1]
             for arg in keys_at:
-                if name == "_lib.lua" and arg in ("memo", "key", "bans", "idx"):  # helpers: see their call sites
+                if name in LIB_FILES and arg in ("memo", "key", "bans", "idx"):  # helpers: see their call sites
                     continue
                 assert allowed.fullmatch(arg), f"{name}: redis.call('{command}', {arg}, ...) is not a declared key"
         for call in re.findall(r"(?<!function )\b(?:recall|remember\w*|as_table|bans_expire)\((\w+)", code):
             assert call in bound or (call == "KEYS" and name in {f"{v}.lua" for v in keyset.VARIABLE}) or (
-                name == "_lib.lua" and call not in ("key", "bans")), f"{name}: {call} is not a declared key"
+                name in LIB_FILES and call not in ("key", "bans")), f"{name}: {call} is not a declared key"
     for name, roles in keyset.ROLES.items():  # the one binding: scripts.py's, from KEYS by position
         bindings = re.findall(r"^local (K_\w+) = KEYS\[(\d+)\]$", script_source(name), flags=re.M)
         assert bindings and all(roles[int(i) - 1] == _bound_roles()[k] for k, i in bindings), name

@@ -1,6 +1,6 @@
 """Adaptive pacing options the engine applies (settings.py fills them from ``PROXY_SHARD_AUTOTHROTTLE_*``).
 
-The control law itself runs inside ``release.lua`` (``pace_release`` in ``lua/_lib.lua``), on the Redis
+The control law itself runs inside ``release.lua`` (``pace_release`` in ``lua/_pace.lua``), on the Redis
 clock, once for all hosts; docs/pacing.md states it with its constants.
 """
 

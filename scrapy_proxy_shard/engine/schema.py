@@ -90,7 +90,7 @@ GW_SHARED = "gw_shared"   # gateway slots found on an exit IP another slot held 
 COUNTER_FIELDS = (LEASES, OK, ERRORS, BANNED, QUARANTINES, LATENCY, STALE, EXPIRED, REBINDS, Q_STARTED, Q_MS,
                   BREAKER_OPENED, BREAKER_REOPENED, BREAKER_CLOSED, BREAKER_SPARED, GW_ROTATIONS, GW_COOLDOWNS,
                   GW_SHARED)
-#: Fields of a site's ``PACE`` hash (``pace_release`` in lua/_lib.lua), besides ``p:<proxy id>``: the interval
+#: Fields of a site's ``PACE`` hash (``pace_release`` in lua/_pace.lua), besides ``p:<proxy id>``: the interval
 #: in force (ms), its last change, from when starts follow it, the clean run, the lowest interval known to fail,
 #: counts (raises, lowerings, skipped rate bans, floors lowered, failed probes), the pending vote, the probe;
 #: ``xp``: when the hash expires (ms; ``pace_keep`` refreshes its PEXPIRE from it).

@@ -32,6 +32,10 @@ from pathlib import Path
 
 from scrapy_proxy_shard.engine.keyset import ROLES, VARIABLE
 
+#: The helper files, in the order their definitions are read (a helper uses only those before it):
+#: ``_lib.lua`` (keys, leases, bans, breaker) and ``_pace.lua`` (what a site teaches, adaptive pacing).
+LIB_FILES = ("_lib.lua", "_pace.lua")
+
 OPERATIONS = (
     "lease",
     "release",
@@ -80,15 +84,17 @@ def role_local(role: str) -> str:
 
 @cache
 def lib_definitions() -> tuple[tuple[tuple[str, ...], str], ...]:
-    """``_lib.lua``'s top-level definitions in order: (names defined, text with its leading comment).
+    """The helpers' (``LIB_FILES``) top-level definitions in order: (names defined, text with its leading
+    comment).
 
-    Every top-level statement of ``_lib.lua`` is a ``local`` (a function or a constant) starting at
+    Every top-level statement of a helper file is a ``local`` (a function or a constant) starting at
     column 0; its body is indented and a function ends with ``end`` at column 0.
     """
     chunks: list[tuple[tuple[str, ...], str]] = []
     pending: list[str] = []  # comment lines right above the next definition
     body: list[str] | None = None  # the function being read
-    for line in (_FOLDER / "_lib.lua").read_text(encoding="utf-8").splitlines():
+    lines = [line for lib in LIB_FILES for line in (_FOLDER / lib).read_text(encoding="utf-8").splitlines()]
+    for line in lines:
         if body is not None:
             body.append(line)
             if line == "end":
@@ -104,9 +110,9 @@ def lib_definitions() -> tuple[tuple[tuple[str, ...], str], ...]:
         elif not line.strip():
             pending = []
         else:
-            raise ValueError(f"_lib.lua: unexpected top-level line {line!r}")
+            raise ValueError(f"{'/'.join(LIB_FILES)}: unexpected top-level line {line!r}")
     if body is not None:
-        raise ValueError("_lib.lua: a function without its closing 'end' at column 0")
+        raise ValueError(f"{'/'.join(LIB_FILES)}: a function without its closing 'end' at column 0")
     return tuple(chunks)
 
 

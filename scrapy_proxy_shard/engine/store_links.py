@@ -22,7 +22,7 @@ LINK_SPAN = 5.0
 LINK_MAX_GROUP = 32
 #: How long Redis keeps the learned groups after the last link (seconds).
 LINK_KEEP = 7 * 86400.0
-#: How long a learned pace is kept (_lib.lua PACE_KEEP_MS; its field xp says until when).
+#: How long a learned pace is kept (_pace.lua PACE_KEEP_MS; its field xp says until when).
 PACE_KEEP_MS = 7 * 86400000
 
 

@@ -30,14 +30,14 @@
 -- ARGV[18] site idle TTL, ms: a sticky session's slot stays held session TTL from now, and the
 --          site's state (its held records) lives at least this long after that
 -- ARGV[19] adaptive pacing: "1" on (the site's learned interval in P:pace:<site> replaces ARGV[6];
---          see pace_release in _lib.lua), "0" off (ARGV[20..24] are then ignored)
+--          see pace_release in _pace.lua), "0" off (ARGV[20..24] are then ignored)
 -- ARGV[20] learned interval to start from, ms    ARGV[21] its minimum, ms    ARGV[22] its maximum, ms
 -- ARGV[23] factor the learned interval is paced with (the caller's randomization draw; "1" for none)
 -- ARGV[24] the ban's kind: 0 none (not a ban), 1 rate-type (PROXY_SHARD_AUTOTHROTTLE_BAN_REASONS, or a
 --          Retry-After), 2 a block (403...), 3 a failed content check (missing CSS, a small body)
 -- ARGV[25] the shortest brief quarantine, ms (AUTOTHROTTLE_BAN_TTL): the site's learned rest never
 --          goes below it (see site_learn)
---          In every mode this answer first teaches the site's state (site_learn in _lib.lua): the
+--          In every mode this answer first teaches the site's state (site_learn in _pace.lua): the
 --          proxy's mark, the site's rest and, with a fixed interval, the path margin added to ARGV[6]
 -- ARGV[26] the site's Retry-After of this ban, ms, or 0: the quarantine lasts exactly that long (no
 --          jitter, no learned rest) unless the IP was banned again within one quarantine length of

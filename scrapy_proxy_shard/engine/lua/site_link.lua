@@ -2,7 +2,7 @@
 -- Two sites behind one anti-bot system count one IP's requests together: a proxy quarantined on one of
 -- them (a rate ban) is then banned on the other too, at its next request there, although it broke no
 -- rule of that site alone. So: a rate ban of proxy X on site B that follows a clean answer of X on B
--- (its mark in B's pace hash, see site_mark in _lib.lua: 'c' when the ban was spared by the breaker,
+-- (its mark in B's pace hash, see site_mark in _pace.lua: 'c' when the ban was spared by the breaker,
 -- 'f...' when it started a quarantine), while X is quarantined on site A, is *evidence* that A and B
 -- share a blacklist; the same evidence from ARGV[8] distinct proxies within ARGV[4] ms of the first,
 -- the last at least ARGV[11] ms after the first, links them for every host: both are then leased,

@@ -1,0 +1,411 @@
+-- _pace.lua: what release.lua learns from a site's answers, and adaptive pacing: helpers prepended, like
+-- _lib.lua's (which come first and which these use), to the scripts that call them (scripts.py,
+-- LIB_FILES). The control law is argued in docs/pacing.md.
+
+-- ==== Adaptive pacing (PROXY_SHARD_AUTOTHROTTLE_*; the control law is argued in docs/pacing.md) ====
+-- P:pace:<site> HASH: one site's learned start-to-start interval, shared by every host and kept across
+-- host restarts (written by release.lua only, when the caller has autothrottle on for the site):
+--   iv     the interval in force, ms (fractional)
+--   chg    when iv last changed, ms      eff  chg + the interval before it: a start from eff on was
+--          scheduled by a release that already used iv; an earlier one may still be at the old pace
+--   run    clean answers to requests started at or after eff, since the last change or rate-ban vote
+--   vote   the proxy id of a pending rate-ban vote at this pace ('' none)
+--   probe  the proxy trying a lower interval ('' none), piv that interval (ms), pat when it began (ms),
+--          pn its clean answers at piv so far (those started within PACE_PROBE_TIGHT x piv of the proxy's
+--          previous start), pls the start of its last answer (ms)
+--   bad    the lowest interval known to fail (ms; 0: none yet): a failed probe's, or the one in force at
+--          a raise; lowering stops at bad x (1 + PACE_MARGIN) until PACE_FORGET_RUN clean answers there
+--          shrink bad by PACE_FORGET (the site may have loosened its rule)
+--   prev   the interval before the last lowering, while that lowering is provisional (its first
+--          PACE_LONE_RUN clean answers, and until pend): a vote meanwhile goes back to prev instead of
+--          raising
+--   pend   ms until which the last lowering stays provisional (see probe_needed)
+--   firm   '1' once the interval in force carried PACE_LONE_RUN clean answers in a row (not provisional):
+--          a raise from it is x PACE_UP_FIRM, from any other x PACE_UP
+--   up, down, back, fail, skip, forget   raises, lowerings, lowerings undone, failed probes, rate bans
+--          that changed nothing, floors lowered (counters)
+-- The same hash holds what every mode learns from the site's answers (see site_learn below):
+--   rest, p:<id>, and the path margin mg, mgs, mge, mgr, mgb, widen.
+-- A site's learned pace is forgotten a week after its last release (5.25 to 7 days: see pace_keep); a pace that learned nothing (the
+-- interval it started from, nothing known to fail: a site touched a few times) goes with the site's
+-- state, PROXY_SHARD_SITE_IDLE_TTL after its last release, like everything else of a site.
+local PACE_KEEP_MS = 7 * 86400000
+local PACE_UP = 1.5          -- a raise: interval x 1.5 (capped at the maximum),
+local PACE_UP_FIRM = 1.1     -- ... x 1.1 from a firm interval (PACE_LONE_RUN clean answers in a row)
+local PACE_DOWN = 0.8       -- a probe tries interval x 0.8, never below the floor nor the minimum,
+local PACE_DOWN_FIRST = 0.25  -- ... or x 0.25 while no interval is known to fail (a fast first descent)
+local PACE_CLEAN_RUN = 5     -- clean answers at the pace before a probe starts
+local PACE_PROBE_RUN_FIRST = 3  -- clean answers of the probe proxy at the lower interval that adopt it,
+local PACE_PROBE_RUN = 10       -- ... once an interval is known to fail (near the rule: a stricter test),
+local PACE_BURST = 2            -- ... and at least 1 + this / (1 - lower / current): a site's limiter may
+local PACE_PROBE_RUN_MAX = 40   -- let a burst through before it refuses (capped at this many answers);
+-- Only a probe answer started within PACE_PROBE_TIGHT x the probe's interval after the probe proxy's
+-- previous start counts: a probe the crawl did not keep busy proves nothing.
+local PACE_PROBE_TIGHT = 1.25
+local PACE_PROBE_MS = 60000  -- a probe that has not concluded after max(this, 20 x its interval) is dropped
+local PACE_LONE_RUN = 20     -- clean answers at the pace that void a pending vote (it pointed at its proxy)
+local PACE_MARGIN = 0.05
+local PACE_FORGET_RUN = 1000
+local PACE_FORGET = 0.95
+local PACE_HORIZON_MIN = 30000  -- ms: the least a probe's gain is counted over (see next_probe)
+local PACE_COST_PRIOR = 60000   -- ms: what a failed probe is assumed to cost while its ban's length is unknown
+
+local function pace_ms(x) return string.format('%.3f', x) end
+
+-- Clean answers that prove a lower interval `lower` against the one in force `iv`, for the probe proxy
+-- (and, per proxy, for the provisional time after an adoption). A limiter with a burst allowance of b
+-- requests (nginx limit_req burst, a token bucket) lets about 1 + b / (1 - lower / rule) requests
+-- through at `lower` before refusing: a probe that stops earlier adopts an interval that fails later
+-- on every proxy. The rule is at most `iv` (it answers clean), so 1 - lower / iv bounds that term.
+local function probe_needed(lower, iv, bad)
+  local needed = PACE_PROBE_RUN
+  if bad == 0 then needed = PACE_PROBE_RUN_FIRST end
+  local step = 1 - lower / iv
+  if step > 0 then
+    local burst = math.ceil(1 + PACE_BURST / step)
+    if burst > needed then needed = burst end
+  end
+  if needed > PACE_PROBE_RUN_MAX then needed = PACE_PROBE_RUN_MAX end
+  return needed
+end
+
+-- Apply one answer to the site's learned interval. Returns the interval this release paces its slot
+-- with (ms: the probe's lower interval for the probe proxy, else the interval in force), what
+-- happened and the interval in force (ms). `last` is the proxy's previous answer on the site (the mark
+-- site_learn read: 'c' clean, nil none yet, anything else a ban). What happened: '' (nothing changed), 'probe' (this proxy starts trying a lower interval), 'down' (a probe
+-- succeeded: every host uses it), 'fail' (a probe met a rate ban: the interval stays), 'up', 'skip' (a
+-- rate ban that raised nothing) or 'forget'. `start` is the answered request's start (ms, from its
+-- lease key) or nil when unknown (an expired lease: learns nothing); `rate` is true for a ban the
+-- caller classed as rate-type (PROXY_SHARD_AUTOTHROTTLE_BAN_REASONS).
+-- Lowering is tried on one proxy at a time (the probe), so a lower interval that breaks the site's
+-- rule costs one rate ban, not one per proxy. Raising is for the interval in force: a rate ban there is
+-- a *vote* when (1) its request started at or after eff (it was paced by the interval in force: one
+-- event seen by several requests or hosts, all started before the raise it caused, is one raise) and
+-- (2) its proxy's previous answer on the site was clean (a proxy that answered a ban, or nothing yet,
+-- is suspect, not the pace). The second vote from another proxy raises (the first when the pool holds
+-- one proxy); PACE_LONE_RUN clean answers at the pace void a pending vote: a ban that follows clean
+-- answers from other proxies at the same interval points at its proxy, so one bad proxy never raises
+-- the site's interval by itself.
+-- The interval a probe tries below `iv`, or nil when `iv` is at its floor (max(min, bad + margin)) or
+-- the step is not worth its risk. Nothing failed yet: a long step (x PACE_DOWN_FIRST). Else halfway
+-- (geometric) between the interval in force and the floor above the one known to fail, at most x
+-- PACE_DOWN: the rule lies between the two, so such a probe fails about half the time, and a failure
+-- costs its IP's quarantine on the site (`cost` ms, what the last failed probe cost: pfc). The probe is
+-- tried when what it would win if it holds outweighs that: every proxy of the pool (`proxies`) faster
+-- by iv / new - 1 for the horizon (as long again as the site has been paced: `age` ms, at least
+-- PACE_HORIZON_MIN) against one IP's quarantine. A site that bans for minutes with a small pool stops
+-- a few % above its rule; one that forgives in seconds is probed to the floor. (`proxies`: the pool's
+-- size, read here.) Forgetting (bad x
+-- PACE_FORGET) widens the step again.
+local function next_probe(iv, bad, min_ms, cost, age)
+  local floor = min_ms
+  if bad * (1 + PACE_MARGIN) > floor then floor = bad * (1 + PACE_MARGIN) end
+  if iv <= floor + 0.01 then return nil end  -- (0.01: iv is kept to 3 decimals)
+  local new = iv * PACE_DOWN
+  if bad == 0 then
+    new = iv * PACE_DOWN_FIRST
+  elseif math.sqrt(iv * floor) < new then
+    new = math.sqrt(iv * floor)
+  end
+  if new < floor then new = floor end
+  if bad > 0 and cost and cost > 0 then
+    local horizon = age
+    if not horizon or horizon < PACE_HORIZON_MIN then horizon = PACE_HORIZON_MIN end
+    if redis.call('HLEN', K_PROXIES) * (iv / new - 1) * horizon < cost then return nil end
+  end
+  return new
+end
+
+-- A lowering from `old` to `new` ms: the site's slots given back under the old interval and not free
+-- yet are brought forward by the difference (start + old -> start + new), never before a quarantine or
+-- an overlap floor of theirs, nor before now; held slots are paced by their own release (which reads
+-- the new interval). Without this, after 3 s -> 0.75 s every other proxy still waited out its 3 s.
+-- Only for exact intervals (a randomized one's factor is the slot's own, unknown here).
+local function repace(site, old, new, now)
+  local delta = old - new
+  if delta <= 0 then return end
+  local due = redis.call('ZRANGEBYSCORE', K_READY, '(' .. istr(now), '+inf', 'WITHSCORES')
+  for i = 1, #due, 2 do
+    local member, at = due[i], tonumber(due[i + 1])
+    local rec = redis.call('HMGET', K_SITE, member, floor_field(member))
+    if not live_record(rec[1], now) then
+      local sooner = at - delta
+      if sooner < now then sooner = now end
+      sooner = not_before_floor(next_free(site, id_of(member), sooner), rec[2])
+      if sooner < at then redis.call('ZADD', K_READY, 'XX', sooner, member) end
+    end
+  end
+end
+
+local function pace_release(site, id, start, outcome, rate, start_ms, min_ms, max_ms, last, now, s, o, exact)
+  local K = K_PACE
+  -- s: the hash's fields read by the caller, from s[o + 1]: iv eff run bad vote probe piv pat pn prev pend
+  -- firm pls (release.lua reads them with site_learn's in one HMGET)
+  local iv, eff = tonumber(s[o + 1]), tonumber(s[o + 2])
+  local run, bad, vote = tonumber(s[o + 3]) or 0, tonumber(s[o + 4]) or 0, s[o + 5] or ''
+  local probe, piv, pat, pn = s[o + 6] or '', tonumber(s[o + 7]) or 0, tonumber(s[o + 8]) or 0, tonumber(s[o + 9]) or 0
+  local prev, pend = tonumber(s[o + 10]), tonumber(s[o + 11]) or 0
+  local firm, pls = s[o + 12] == '1', tonumber(s[o + 13])
+  local born, cost = tonumber(s[o + 14]), tonumber(s[o + 15])
+  local failed_ip = s[o + 16] or ''
+  if failed_ip ~= '' then
+    -- A failed probe's IP whose quarantine length the site did not say: what it cost is known when it
+    -- answers clean on the site again (until then assumed PACE_COST_PRIOR).
+    local fid, fat = string.match(failed_ip, '^(.*)|(%d+)$')
+    if fid == id and outcome == 'ok' and fat then
+      cost = now - tonumber(fat)
+      redis.call('HSET', K, 'pfc', istr(cost), 'pfi', '')
+    elseif not cost then
+      cost = PACE_COST_PRIOR
+    end
+  end
+  if not iv or not eff then
+    -- The site's first answer: every request in flight was started at the start interval (or not paced at
+    -- all: nothing came before it), so every answer counts towards the first clean run (eff 0).
+    iv, eff, born = start_ms, 0, now
+    redis.call('HSET', K, 'iv', pace_ms(iv), 'chg', istr(now), 'eff', '0', 'run', 0, 'bad', 0, 'vote', '',
+      'probe', '', 'born', istr(now))
+  end
+  local bounded = iv
+  if bounded < min_ms then bounded = min_ms end
+  if bounded > max_ms then bounded = max_ms end
+  if bounded ~= iv then  -- the bounds were changed in the settings since the value was learned
+    redis.call('HSET', K, 'iv', pace_ms(bounded), 'chg', istr(now), 'eff', istr(now + iv), 'run', 0, 'vote', '',
+      'probe', '')
+    iv, eff, run, vote, probe = bounded, now + iv, 0, '', ''
+  end
+  if not start then return iv, '', iv end
+  local event = ''
+  local function change(new, what)
+    local before, until_ms = '', 0
+    if what == 'down' then
+      -- Provisional for PACE_LONE_RUN clean answers, and until every proxy could have used the new
+      -- interval twice as often as its probe had to (a burst allowance runs out per IP, and the probe's
+      -- count assumed the rule at `iv`: a rule just above `new` lets more through). Probes go on
+      -- meanwhile: a lowering undone takes those below it along.
+      before = pace_ms(iv)
+      until_ms = now + iv + 2 * probe_needed(new, iv, bad) * new
+    end
+    redis.call('HSET', K, 'iv', pace_ms(new), 'chg', istr(now), 'eff', istr(now + iv), 'run', 0, 'vote', '',
+      'probe', '', 'prev', before, 'pend', istr(until_ms), 'firm', '')
+    redis.call('HINCRBY', K, what, 1)
+    if what == 'down' and exact then repace(site, iv, new, now) end
+    -- lo: the interval a probe last proved clean (a lowering; or the one a provisional lowering went
+    -- back to): where a site group linked through this site starts (store_links.py)
+    if what == 'down' or what == 'back' then redis.call('HSET', K, 'lo', pace_ms(new)) end
+    iv, event, probe = new, what, ''
+  end
+  if probe ~= '' and probe == id then
+    -- The probe proxy's answer: its uses from the probe's start on are paced by piv.
+    if outcome == 'ok' then
+      if start >= pat then
+        if pls and start - pls <= piv * PACE_PROBE_TIGHT then pn = pn + 1 end
+        if pn >= probe_needed(piv, iv, bad) then
+          change(piv, 'down')
+          -- The probe goes on lower at once (its IP has just run the new interval for a burst's worth
+          -- of answers): a descent in one proxy's steps, not one per proving of every proxy.
+          local lower = next_probe(iv, bad, min_ms, cost, born and now - born)
+          if lower and redis.call('EXISTS', K_WAITING) == 1 then
+            redis.call('HSET', K, 'probe', id, 'piv', pace_ms(lower), 'pat', istr(now), 'pn', 0, 'pls', istr(start))
+            probe, piv = id, lower
+          end
+        else
+          redis.call('HSET', K, 'pn', pn, 'pls', istr(start))
+        end
+      end
+    elseif outcome == 'ban' and rate and start >= pat then
+      redis.call('HSET', K, 'bad', pace_ms(piv), 'probe', '')
+      redis.call('HINCRBY', K, 'fail', 1)
+      probe, bad, event = '', piv, 'fail'
+    elseif outcome ~= 'unknown' then  -- another ban, an error, a dead proxy: no verdict on the pace
+      redis.call('HSET', K, 'probe', '')
+      probe = ''
+    end
+  elseif outcome == 'ok' and (start >= eff or prev) then
+    -- (an answer started before eff was paced the old way: it counts only towards a provisional
+    -- lowering's next probe, which needs no clean run: its probe's IP just proved the interval)
+    local counted = start >= eff
+    if counted then
+      run = run + 1
+      if not firm and not prev and run >= PACE_LONE_RUN then
+        redis.call('HSET', K, 'firm', '1')  -- a long clean run: failures here are marginal (see 'up')
+        firm = true
+      end
+    end
+    if probe ~= '' and now > pat + math.max(PACE_PROBE_MS, 20 * piv) then
+      redis.call('HSET', K, 'probe', '')  -- its proxy was removed, or never came back
+      probe = ''
+    end
+    -- A probe only while requests wait for the site's slots (P:waiting:<site>, set by a lease that
+    -- answered WAIT in the last 6 s): a lower interval is useless, and untestable, when the crawl
+    -- does not use the one in force to the full.
+    local new = probe == '' and (run >= PACE_CLEAN_RUN or prev) and next_probe(iv, bad, min_ms, cost, born and now - born)
+    if new and redis.call('EXISTS', K_WAITING) == 1 then
+      redis.call('HSET', K, 'probe', id, 'piv', pace_ms(new), 'pat', istr(now), 'pn', 0, 'run', 0,
+        'pls', istr(start))
+      probe, piv, event = id, new, 'probe'
+    elseif not counted then
+      -- nothing to count
+    elseif probe == '' and bad > 0 and run >= PACE_FORGET_RUN then
+      redis.call('HSET', K, 'bad', pace_ms(bad * PACE_FORGET), 'run', 0, 'vote', '')
+      redis.call('HINCRBY', K, 'forget', 1)
+      event = 'forget'
+    elseif (vote ~= '' or (prev and now >= pend)) and run >= PACE_LONE_RUN then
+      if prev and now >= pend then
+        redis.call('HSET', K, 'run', run, 'vote', '', 'prev', '')
+      else
+        redis.call('HSET', K, 'run', run, 'vote', '')
+      end
+    else
+      redis.call('HSET', K, 'run', run)
+    end
+  elseif outcome == 'ban' and rate then
+    local votes = start >= eff and last == 'c'
+    if votes and prev then  -- a vote against a lowering still provisional: undo it, no raise
+      if iv > bad then redis.call('HSET', K, 'bad', pace_ms(iv)) end
+      change(prev, 'back')
+    elseif votes and ((vote ~= '' and vote ~= id) or redis.call('HLEN', K_PROXIES) < 2) then
+      -- From a firm interval the site's limit is just below it (path jitter, a slightly stricter rule):
+      -- a small step; from an interval that never ran clean for long, a large one.
+      local new = iv * PACE_UP
+      if firm then new = iv * PACE_UP_FIRM end
+      if new > max_ms then new = max_ms end
+      if iv > bad then redis.call('HSET', K, 'bad', pace_ms(iv)) end
+      change(new, 'up')
+    else
+      if votes then redis.call('HSET', K, 'vote', id, 'run', 0) end
+      redis.call('HINCRBY', K, 'skip', 1)
+      event = 'skip'
+    end
+  end
+  -- whether the site taught something worth a week (see PACE_KEEP_MS): an interval other than the one
+  -- it started from, or one known to fail
+  local learned = bad > 0 or math.abs(iv - start_ms) >= 0.001
+  if probe ~= '' and probe == id then return piv, event, iv, learned end
+  return iv, event, iv, learned
+end
+
+-- ==== What every mode learns from a site's answers (release.lua, before pacing; docs/pacing.md) ====
+-- In P:pace:<site> (kept after its last write for the site's idle TTL, or PACE_KEEP_MS with adaptive
+-- pacing once it learned something, whose learned interval outlives restarts):
+--   p:<id> the proxy's last answer on the site: 'c' clean, 'f<ms>' a brief (rate-type) quarantine of that
+--          length after clean answers ('g<ms>': without any clean answer before, e.g. a 429 on first
+--          contact), 'b' a hard block. A rate-type ban (kind 1) and any ban after a clean answer or a brief
+--          quarantine are brief: they start from the site's rest, not the ban TTL (see release.lua)
+--   rest   the site's rest after a rate-type ban, ms (at least the caller's minimum): when banned IPs
+--          come back clean: a proxy clean again after a brief quarantine of T sets rest to at most
+--          LEARN_REST_DECAY x T; one banned again right after it rests 2 x T, and rest becomes that when
+--          the proxy had answered clean before ('f': an IP the site blacklists for good, which never
+--          answered clean, must not teach every IP a long rest)
+--   mg     the path margin, ms, added to a fixed interval (not to a learned one, which moves by itself;
+--          the caller's prior share of the interval, at most MARGIN_PRIOR_MAX, until the site teaches one):
+--          the site counts arrivals, and path jitter brings some closer than they were sent. A strike-like
+--          answer (a rate-type ban, or a block after a clean answer) of a request started at or after
+--          mge widens it by mgs (which then doubles) for every host; each MARGIN_RUN clean answers narrow
+--          it by MARGIN_DECAY (mgs back to MARGIN_STEP), never below MARGIN_KEEP x mgb, the widest
+--          margin that proved too narrow, itself x MARGIN_FORGET each MARGIN_FORGET_RUN clean answers
+--   mgr    clean answers since the last change (counted only while a margin or mgb is set)
+--   widen  widenings (a counter)
+local LEARN_REST_DECAY = 0.9
+local MARGIN_STEP = 5          -- ms
+-- A site's margin before it taught any (the caller's share of the interval) is at most this many ms; it
+-- decays like any margin while answers are clean.
+local MARGIN_PRIOR_MAX = 20
+local MARGIN_RUN = 200
+local MARGIN_DECAY = 0.9
+local MARGIN_KEEP = 1.25
+local MARGIN_FORGET_RUN = 1000
+local MARGIN_FORGET = 0.8
+
+-- The length of a brief quarantine a mark records (ms), or nil, and whether the proxy had answered
+-- clean on the site before that series of brief quarantines ('f'; 'g': it had not).
+local function brief_of(mark)
+  if not mark then return nil, false end
+  local letter, ms = string.match(mark, '^([fg])(%d+)$')
+  return tonumber(ms), letter == 'f'
+end
+
+-- Learn from one answer. `kind`: 0 no ban, 1 rate-type ban, 2 block, 3 failed content check;
+-- `interval` the fixed interval paced with (ms; 0 for none or adaptive: no margin). Returns the proxy's
+-- previous mark, the site's rest (ms) and the margin in force (ms) with what this answer did to it
+-- ('' or 'widen').
+local function site_learn(site, id, start, outcome, kind, rest_min, interval, prior_share, now, s)
+  local K = K_PACE
+  local last = s[1]
+  local rest = tonumber(s[2]) or rest_min
+  if rest < rest_min then rest = rest_min end
+  local prior = math.min(prior_share * interval, MARGIN_PRIOR_MAX)
+  local mg, mgs, mge = tonumber(s[3]) or prior, tonumber(s[4]) or MARGIN_STEP, tonumber(s[5]) or 0
+  local mgr, mgb = tonumber(s[6]) or 0, tonumber(s[7]) or 0
+  local set = {}
+  local event = ''
+  if outcome == 'ok' then
+    local brief = brief_of(last)
+    if brief and rest > rest_min and brief * LEARN_REST_DECAY < rest then
+      -- back clean from a brief quarantine of `brief`: the site forgets sooner than that
+      rest = brief * LEARN_REST_DECAY
+      if rest < rest_min then rest = rest_min end
+      set[#set + 1] = 'rest'; set[#set + 1] = istr(rest)
+    end
+    if last ~= 'c' then set[#set + 1] = 'p:' .. id; set[#set + 1] = 'c' end
+    if interval > 0 and (mg > 0 or mgb > 0) and start and start >= mge then
+      mgr = mgr + 1
+      if mgr % MARGIN_FORGET_RUN == 0 then
+        mgb = mgb * MARGIN_FORGET
+        set[#set + 1] = 'mgb'; set[#set + 1] = pace_ms(mgb)
+      end
+      if mgr % MARGIN_RUN == 0 and mg > MARGIN_KEEP * mgb then
+        mg = mg * MARGIN_DECAY
+        if mg < MARGIN_KEEP * mgb then mg = MARGIN_KEEP * mgb end
+        if mg < 0.5 then mg = 0 end
+        set[#set + 1] = 'mg'; set[#set + 1] = pace_ms(mg)
+        set[#set + 1] = 'mgs'; set[#set + 1] = MARGIN_STEP
+      end
+      set[#set + 1] = 'mgr'; set[#set + 1] = mgr
+    end
+  elseif outcome == 'ban' and interval > 0 and start and start >= mge
+      and (kind == 1 or (kind >= 2 and last == 'c')) then
+    -- strike-like: this request was paced by the margin in force and still met the site's limit
+    if mg > mgb then mgb = mg end
+    mg = mg + mgs
+    if mg > interval then mg = interval end
+    set[#set + 1] = 'mg'; set[#set + 1] = pace_ms(mg)
+    set[#set + 1] = 'mgs'; set[#set + 1] = mgs * 2
+    set[#set + 1] = 'mge'; set[#set + 1] = istr(now)
+    set[#set + 1] = 'mgb'; set[#set + 1] = pace_ms(mgb)
+    set[#set + 1] = 'mgr'; set[#set + 1] = 0
+    redis.call('HINCRBY', K, 'widen', 1)
+    event = 'widen'
+  end
+  if #set > 0 then
+    redis.call('HSET', K, unpack(set))
+    -- a proxy's first mark: the hash grows with the pool (see as_table)
+    if not last and redis.call('HLEN', K) >= BIG_HASH then as_table(K) end
+  end
+  return last, rest, mg, event, #set > 0
+end
+
+-- Record the proxy's answer on the site after a ban (see p:<id> above): 'f<ms>' or 'g<ms>' a brief
+-- quarantine of that length, else 'b'.
+local function site_mark(id, last, brief_ms)
+  local mark = 'b'
+  if brief_ms then
+    local _, lineage = brief_of(last)
+    if last == 'c' or lineage then mark = 'f' .. istr(brief_ms) else mark = 'g' .. istr(brief_ms) end
+  end
+  if mark ~= last then
+    redis.call('HSET', K_PACE, 'p:' .. id, mark)
+    if not last and redis.call('HLEN', K_PACE) >= BIG_HASH then as_table(K_PACE) end
+  end
+end
+
+-- The pace hash's expiry (release.lua, once per release that wrote to it): `keep_ms` from now, moved
+-- only later, and refreshed only once a quarter of it has passed: the deadline is kept in field xp,
+-- read with the hash's other fields, so most releases write no PEXPIRE. Call it after a write only (it
+-- must not create the hash).
+local function pace_keep(keep_ms, xp, now)
+  local want = now + keep_ms
+  if xp and xp >= want - math.floor(keep_ms / 4) then return end
+  redis.call('HSET', K_PACE, 'xp', istr(want))
+  redis.call('PEXPIRE', K_PACE, keep_ms)
+end
