@@ -91,11 +91,10 @@ end
 -- (geometric) between the interval in force and the floor above the one known to fail, at most x
 -- PACE_DOWN: the rule lies between the two, so such a probe fails about half the time, and a failure
 -- costs its IP's quarantine on the site (`cost` ms, what the last failed probe cost: pfc). The probe is
--- tried when what it would win if it holds outweighs that: every proxy of the pool (`proxies`) faster
--- by iv / new - 1 for the horizon (as long again as the site has been paced: `age` ms, at least
--- PACE_HORIZON_MIN) against one IP's quarantine. A site that bans for minutes with a small pool stops
--- a few % above its rule; one that forgives in seconds is probed to the floor. (`proxies`: the pool's
--- size, read here.) Forgetting (bad x
+-- tried when what it would win if it holds outweighs that: every proxy of the pool (its size, read
+-- here) faster by iv / new - 1 for the horizon (as long again as the site has been paced: `age` ms, at
+-- least PACE_HORIZON_MIN) against one IP's quarantine. A site that bans for minutes with a small pool
+-- stops a few % above its rule; one that forgives in seconds is probed to the floor. Forgetting (bad x
 -- PACE_FORGET) widens the step again.
 local function next_probe(iv, bad, min_ms, cost, age)
   local floor = min_ms
@@ -195,6 +194,17 @@ local function pace_release(site, id, start, outcome, rate, start_ms, min_ms, ma
     if what == 'down' or what == 'back' then redis.call('HSET', K, 'lo', pace_ms(new)) end
     iv, event, probe = new, what, ''
   end
+  -- This proxy starts trying the next lower interval (next_probe), if there is one worth it and requests
+  -- wait for the site's slots (P:waiting:<site>, set by a lease that answered WAIT in the last 6 s): a
+  -- lower interval is useless, and untestable, when the crawl does not use the one in force to the full.
+  local function try_probe()
+    local lower = next_probe(iv, bad, min_ms, cost, born and now - born)
+    if not lower or redis.call('EXISTS', K_WAITING) ~= 1 then return false end
+    redis.call('HSET', K, 'probe', id, 'piv', pace_ms(lower), 'pat', istr(now), 'pn', 0, 'run', 0,
+      'pls', istr(start))
+    probe, piv = id, lower
+    return true
+  end
   if probe ~= '' and probe == id then
     -- The probe proxy's answer: its uses from the probe's start on are paced by piv.
     if outcome == 'ok' then
@@ -204,11 +214,7 @@ local function pace_release(site, id, start, outcome, rate, start_ms, min_ms, ma
           change(piv, 'down')
           -- The probe goes on lower at once (its IP has just run the new interval for a burst's worth
           -- of answers): a descent in one proxy's steps, not one per proving of every proxy.
-          local lower = next_probe(iv, bad, min_ms, cost, born and now - born)
-          if lower and redis.call('EXISTS', K_WAITING) == 1 then
-            redis.call('HSET', K, 'probe', id, 'piv', pace_ms(lower), 'pat', istr(now), 'pn', 0, 'pls', istr(start))
-            probe, piv = id, lower
-          end
+          try_probe()
         else
           redis.call('HSET', K, 'pn', pn, 'pls', istr(start))
         end
@@ -236,28 +242,22 @@ local function pace_release(site, id, start, outcome, rate, start_ms, min_ms, ma
       redis.call('HSET', K, 'probe', '')  -- its proxy was removed, or never came back
       probe = ''
     end
-    -- A probe only while requests wait for the site's slots (P:waiting:<site>, set by a lease that
-    -- answered WAIT in the last 6 s): a lower interval is useless, and untestable, when the crawl
-    -- does not use the one in force to the full.
-    local new = probe == '' and (run >= PACE_CLEAN_RUN or prev) and next_probe(iv, bad, min_ms, cost, born and now - born)
-    if new and redis.call('EXISTS', K_WAITING) == 1 then
-      redis.call('HSET', K, 'probe', id, 'piv', pace_ms(new), 'pat', istr(now), 'pn', 0, 'run', 0,
-        'pls', istr(start))
-      probe, piv, event = id, new, 'probe'
-    elseif not counted then
-      -- nothing to count
-    elseif probe == '' and bad > 0 and run >= PACE_FORGET_RUN then
-      redis.call('HSET', K, 'bad', pace_ms(bad * PACE_FORGET), 'run', 0, 'vote', '')
-      redis.call('HINCRBY', K, 'forget', 1)
-      event = 'forget'
-    elseif (vote ~= '' or (prev and now >= pend)) and run >= PACE_LONE_RUN then
-      if prev and now >= pend then
-        redis.call('HSET', K, 'run', run, 'vote', '', 'prev', '')
+    if probe == '' and (run >= PACE_CLEAN_RUN or prev) and try_probe() then
+      event = 'probe'
+    elseif counted then
+      if probe == '' and bad > 0 and run >= PACE_FORGET_RUN then
+        redis.call('HSET', K, 'bad', pace_ms(bad * PACE_FORGET), 'run', 0, 'vote', '')
+        redis.call('HINCRBY', K, 'forget', 1)
+        event = 'forget'
+      elseif (vote ~= '' or (prev and now >= pend)) and run >= PACE_LONE_RUN then
+        if prev and now >= pend then
+          redis.call('HSET', K, 'run', run, 'vote', '', 'prev', '')
+        else
+          redis.call('HSET', K, 'run', run, 'vote', '')
+        end
       else
-        redis.call('HSET', K, 'run', run, 'vote', '')
+        redis.call('HSET', K, 'run', run)
       end
-    else
-      redis.call('HSET', K, 'run', run)
     end
   elseif outcome == 'ban' and rate then
     local votes = start >= eff and last == 'c'
