@@ -319,3 +319,79 @@ def test_auto_learns_from_the_adaptively_paced_sites_only(learn, linked):
 
     run(scenario())
     assert h.stat("site_groups/linked") == linked
+
+
+def test_overlap_bans_link_once_settled_with_no_quarantine_or_clean_answer_before(store):
+    """A crawl's opening wave: each proxy in flight on a when b bans it (its first request there). Three
+    distinct proxies' overlap evidence links the two once it has settled, at any call, a read included."""
+    store.add_proxies(POOL, URLS)
+    ids = _ids(store)[:3]
+    for pid in ids:
+        links = store.site_link(POOL, "b.example", pid, quarantine=15, overlapped="a.example", settle=0.2)
+        assert links.linked is None
+    assert _groups(store) == {}  # not settled yet: a clean overlap may still veto
+    time.sleep(0.25)
+    links = store.site_link(POOL, "-", "", quarantine=0, settle=0.2)
+    assert links.linked == ("a.example", "b.example")
+    assert links.groups == {"b.example": "a.example"}
+    # one proxy's overlaps never link, however often
+    for _ in range(3):
+        store.site_link(POOL, "d.example", ids[0], quarantine=15, overlapped="c.example", settle=0)
+    assert store.site_link(POOL, "-", "", quarantine=0, settle=0).linked is None
+
+
+@pytest.mark.parametrize("veto", ["overlap", "rested"])
+def test_a_clean_overlap_or_a_clean_answer_while_resting_vetoes_overlap_evidence(store, veto):
+    store.add_proxies(POOL, URLS)
+    ids = _ids(store)
+    for pid in ids[:2]:
+        store.site_link(POOL, "b.example", pid, quarantine=15, overlapped="a.example", settle=0.2)
+    if veto == "overlap":  # b answered a proxy clean while it was in flight on a: no overlap rule shared
+        store.site_link(POOL, "b.example", ids[4], quarantine=0, overlapped="a.example")
+    else:  # b answered a proxy clean while it rested from a
+        store.site_link(POOL, "b.example", ids[4], quarantine=0, rested_from="a.example")
+    for pid in ids[2:4]:
+        store.site_link(POOL, "b.example", pid, quarantine=15, overlapped="a.example", settle=0.2)
+    time.sleep(0.25)
+    assert store.site_link(POOL, "-", "", quarantine=0, settle=0.2).linked is None
+    assert _groups(store) == {}
+
+
+def test_an_overlap_veto_leaves_the_quarantine_evidence_alone(store):
+    """Two sites that tolerate two requests in flight from one IP may still share their strikes: a clean
+    overlap vetoes overlap evidence only; bans while quarantined on the other site still link."""
+    store.add_proxies(POOL, URLS)
+    ids = _ids(store)
+    store.site_link(POOL, "b.example", ids[4], quarantine=0, overlapped="a.example")
+    for pid in ids[:3]:
+        _banned(store, "a.example", pid, after_clean=False)
+        links = _banned(store, "b.example", pid)
+    assert links.linked == ("a.example", "b.example")
+
+
+def test_a_rate_ban_while_the_proxy_is_in_flight_on_another_site_is_overlap_evidence():
+    """The crawl: a proxy this host has in flight on a-shop is rate-banned on b-shop (the shared
+    blacklist counts both requests): reported as overlap evidence, and three proxies link the sites; a
+    proxy in flight on one.test answered clean on two.test is reported as an overlap veto, once."""
+    h = Harness({"PROXY_SHARD_LEARN_SITE_GROUPS": True}, pool="default",
+                proxies=[f"http://10.9.3.{i}:3128" for i in range(1, 7)])
+
+    async def scenario():
+        await h.open()
+        h.runtime.links.settle = 0.0
+        told = {"Retry-After": "30"}
+        for i in range(3):
+            first = await _lease_for(h, f"http://a-shop.test/{i}")
+            pid = first.meta["proxy_shard_proxy_id"]
+            await _answer(h, await _lease_for(h, f"http://b-shop.test/{i}", pid), 429, told)
+            await _answer(h, first)
+        linked = h.runtime.sites.key_for_url("http://b-shop.test/9")
+        for i in range(2):
+            first = await _lease_for(h, f"http://one.test/{i}")
+            await _answer(h, await _lease_for(h, f"http://two.test/{i}", first.meta["proxy_shard_proxy_id"]))
+            await _answer(h, first)
+        return linked
+
+    assert run(scenario()) == "a-shop.test"
+    assert h.stat("site_groups/overlap_bans") == 3 and h.stat("site_groups/linked") == 1
+    assert h.stat("site_groups/overlap_apart") == 1  # told once per pair (APART_EVERY)

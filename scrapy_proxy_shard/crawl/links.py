@@ -11,6 +11,15 @@ for every host (one proxy bad everywhere links nothing; bans after bans and hard
 From then on the two are one site group: one slot per IP across both, one pace, one ban scope
 (``SiteMap.learn``).
 
+A shared blacklist also shows at once, without a quarantine before: a proxy in flight on both sites (a
+crawl's opening wave sends every IP to every site) is rate-banned on the second while the first is still
+being served. So a rate ban of a request sent while this host had the same proxy in flight on another
+site, and that request still in flight, is reported as *overlap* evidence for the two; the same
+proxy's overlaps that are answered clean are reported as a veto (at most every ``APART_EVERY`` seconds
+per pair and host). Overlap evidence from three distinct proxies links once it has settled two seconds
+without a veto: a proxy banned on one site while in flight on two others is evidence for both pairs,
+and the clean overlaps of the same wave, which answer later, veto the independent one.
+
 Every host learns the map at its own bans, and at each heartbeat otherwise (``refresh``). Redis keeps it
 7 days after the last link; ``DEL {<namespace>:<pool>}:links`` forgets it. ``PROXY_SHARD_LEARN_SITE_GROUPS
 = False`` turns the learning off (declared groups still apply); the default ``"auto"`` learns from bans on
@@ -26,7 +35,7 @@ import logging
 from typing import Any
 
 from scrapy_proxy_shard.engine.records import Lease, ReleaseResult
-from scrapy_proxy_shard.engine.store_links import LINK_SPAN
+from scrapy_proxy_shard.engine.store_links import LINK_SETTLE, LINK_SPAN
 from scrapy_proxy_shard.exceptions import ProxyShardError
 
 logger = logging.getLogger(__name__)
@@ -39,6 +48,10 @@ REFRESH = 2.0
 VETO_MARGIN = 1.5
 #: Rests kept before the ended ones are dropped (one per proxy this host rate-banned lately).
 RESTING_MAX = 4096
+#: Least time between two overlap vetoes this host tells for one pair of sites (seconds).
+APART_EVERY = 30.0
+#: Pairs whose last overlap veto is remembered before the list is cleared.
+APART_MAX = 4096
 
 
 class SiteLinker:
@@ -57,6 +70,35 @@ class SiteLinker:
         self._resting: dict[str, list[Any]] = {}
         self._read_at: dict[str, float] = {}  # pool -> when this host last read its groups (loop clock)
         self.span = LINK_SPAN  # least time between the first and the linking evidence (store_links.py)
+        self.settle = LINK_SETTLE  # how long overlap evidence waits for a veto before it links
+        #: proxy id -> {token: lease} of this host's leases in flight (to find a request's overlaps)
+        self._flying: dict[str, dict[str, Lease]] = {}
+        self._apart: dict[tuple[str, str, str], float] = {}  # (pool, site, site) -> last veto told (loop clock)
+
+    def leased(self, lease: Lease) -> None:
+        """This host leased ``lease`` (its overlaps with the proxy's other requests are looked up later)."""
+        if self.enabled:
+            self._flying.setdefault(lease.proxy_id, {})[lease.token] = lease
+
+    def released(self, lease: Lease) -> None:
+        """``lease`` is being given back (its answer is known)."""
+        flying = self._flying.get(lease.proxy_id)
+        if flying is not None:
+            flying.pop(lease.token, None)
+            if not flying:
+                del self._flying[lease.proxy_id]
+
+    def clear(self) -> None:
+        self._flying.clear()
+
+    def _enclosing(self, lease: Lease) -> str:
+        """The site of this host's earliest request through ``lease``'s proxy to another site that was in
+        flight for the whole of ``lease``'s (sent before it, not answered yet), or ""."""
+        found, first = "", lease.issued_at
+        for other in self._flying.get(lease.proxy_id, {}).values():
+            if other.site != lease.site and other.pool == lease.pool and other.issued_at <= first:
+                found, first = other.site, other.issued_at
+        return found
 
     def counts(self, reason: str | None, retry_after: float | None) -> bool:
         """Whether a quarantine of this reason is evidence (a rate-type ban: never a hard block)."""
@@ -87,15 +129,29 @@ class SiteLinker:
         if len(self._resting) >= RESTING_MAX:  # a proxy that never answers again leaves its entry
             self._resting = {k: v for k, v in self._resting.items() if v[2] > result.now}
         self._resting[lease.proxy_id] = [lease.site, result.now, result.now + quarantine, set()]
-        await self._ask(lease.pool, lease.site, lease.proxy_id, max(0.001, quarantine), start=start)
+        overlapped = self._enclosing(lease)
+        if overlapped:
+            self.runtime.stats.inc_value(f"{STATS}/site_groups/overlap_bans")
+        await self._ask(lease.pool, lease.site, lease.proxy_id, max(0.001, quarantine), start=start,
+                        overlapped=overlapped)
 
     async def answered(self, lease: Lease, result: ReleaseResult) -> None:
         """A clean answer: when its proxy rests from another site (a rate quarantine this host started
         before the request), tell Redis once per site: the two do not share a blacklist (a veto). And
         every ``REFRESH`` seconds, read the groups other hosts linked (a host that waits on a site linked
         meanwhile leases under its old key until it knows: one IP could serve both)."""
-        if asyncio.get_running_loop().time() - self._read_at.get(lease.pool, 0.0) >= REFRESH:
+        now = asyncio.get_running_loop().time()
+        if now - self._read_at.get(lease.pool, 0.0) >= REFRESH:
             await self.refresh(lease.pool)
+        overlapped = self._enclosing(lease)
+        if overlapped:
+            a, b = sorted((overlapped, lease.site))
+            if now - self._apart.get((lease.pool, a, b), -APART_EVERY) >= APART_EVERY:
+                if len(self._apart) >= APART_MAX:
+                    self._apart.clear()
+                self._apart[(lease.pool, a, b)] = now
+                self.runtime.stats.inc_value(f"{STATS}/site_groups/overlap_apart")
+                await self._ask(lease.pool, lease.site, lease.proxy_id, 0.0, overlapped=overlapped)
         rest = self._resting.get(lease.proxy_id)
         if rest is None:
             return
@@ -124,14 +180,15 @@ class SiteLinker:
         return pace.start_interval if pace is not None and pace.enabled else 0.0
 
     async def _ask(self, pool: str, site: str, proxy_id: str, quarantine: float, *, start: float = 0.0,
-                   rested_from: str = "") -> None:
+                   rested_from: str = "", overlapped: str = "") -> None:
         """One site_link call (a rate ban, a clean answer while resting, or a read); every reply carries
         the map when this host's version is not current, so each call also refreshes it."""
         self._read_at[pool] = asyncio.get_running_loop().time()
         try:
             links = await self.runtime.store.site_link(pool, site, proxy_id, quarantine=quarantine,
                                                       known=self._known.get(pool, ""), start=start, span=self.span,
-                                                      rested_from=rested_from)
+                                                      rested_from=rested_from, overlapped=overlapped,
+                                                      settle=self.settle)
         except ProxyShardError as exc:
             logger.debug("proxy_shard: learned site groups of pool %(pool)r not told or read: %(e)s",
                          {"pool": pool, "e": exc})

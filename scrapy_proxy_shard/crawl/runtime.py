@@ -343,6 +343,7 @@ class ShardRuntime:
         await self.tiers.flush()
         leases, self._held = list(self._held.values()), {}
         self._inflight.clear()
+        self.links.clear()
         released = 0
         for lease in leases:
             try:
@@ -755,6 +756,7 @@ class ShardRuntime:
     def _record(self, request: Request, result: Lease, session_id: str | None, site: str) -> None:
         self._inflight[request] = _InFlight(result, asyncio.get_running_loop().time())
         self._held[result.token] = result
+        self.links.leased(result)
         self.stats.inc_value(f"{STATS}/leases")
         if session_id:
             self.stats.inc_value(f"{STATS}/leases/session")
@@ -958,6 +960,7 @@ class ShardRuntime:
         def expired() -> None:
             if self._held.pop(lease.token, None) is None:
                 return  # released (page closed) or given back at close
+            self.links.released(lease)
             self.stats.inc_value(f"{STATS}/browser/page_outlived_lease")
             logger.warning("proxy_shard: a playwright_include_page page of %(url)s is still open as its lease of "
                            "proxy %(proxy)s expires (PROXY_SHARD_LEASE_TTL): the proxy may now serve another "
@@ -978,6 +981,7 @@ class ShardRuntime:
     async def _release(self, request: Request, lease: Lease, outcome: str, reason: str | None,
                        retry_after: float | None, latency: float | None) -> ReleaseResult | None:
         self._held.pop(lease.token, None)
+        self.links.released(lease)
         try:
             how = self._pacing(lease.site, reason)
             if retry_after is not None:

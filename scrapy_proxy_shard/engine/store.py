@@ -79,6 +79,7 @@ from scrapy_proxy_shard.engine.store_links import (
     LINK_KEEP,
     LINK_MAX_GROUP,
     LINK_PROXIES,
+    LINK_SETTLE,
     LINK_SPAN,
     LINK_VETO,
     SiteLinks,
@@ -374,8 +375,8 @@ class PoolBackend(Protocol):
     async def site_link(self, pool: str, site: str, proxy_id: str, *, quarantine: float, known: str = "",
                         evidence: float = LINK_EVIDENCE, max_group: int = LINK_MAX_GROUP,
                         keep: float = LINK_KEEP, proxies: int = LINK_PROXIES, start: float = 0.0,
-                        rested_from: str = "", veto: float = LINK_VETO,
-                        span: float = LINK_SPAN) -> SiteLinks | None:
+                        rested_from: str = "", veto: float = LINK_VETO, span: float = LINK_SPAN,
+                        overlapped: str = "", settle: float = LINK_SETTLE) -> SiteLinks | None:
         """Report a rate-ban quarantine of ``proxy_id`` on ``site`` (0 s: only read): the evidence that two
         sites share a blacklist (store_links.py); the pool's learned site groups when not ``known``. None
         while Redis is away (the local fallback learns nothing)."""

@@ -18,6 +18,9 @@ LINK_VETO = 600.0
 #: The least time between the first evidence for two sites and the one that links them (seconds): one
 #: burst of bans never links (independent sites tightening their rules at once ban every IP together).
 LINK_SPAN = 5.0
+#: How long overlap evidence (a ban while the proxy was in flight on the other site) settles before it
+#: links (seconds): the same opening wave's overlaps that stay clean, which veto, answer after its bans.
+LINK_SETTLE = 2.0
 #: The most sites one learned group may hold (a link that would make it larger is refused).
 LINK_MAX_GROUP = 32
 #: How long Redis keeps the learned groups after the last link (seconds).
@@ -43,7 +46,8 @@ class _Links:
     def site_link(self, pool: str, site: str, proxy_id: str, *, quarantine: float, known: str = "",
                   evidence: float = LINK_EVIDENCE, max_group: int = LINK_MAX_GROUP, keep: float = LINK_KEEP,
                   proxies: int = LINK_PROXIES, start: float = 0.0, rested_from: str = "",
-                  veto: float = LINK_VETO, span: float = LINK_SPAN):
+                  veto: float = LINK_VETO, span: float = LINK_SPAN, overlapped: str = "",
+                  settle: float = LINK_SETTLE):
         """Tell Redis that ``proxy_id`` was rate-banned on ``site`` (after the release that said so), for
         ``quarantine`` seconds (0: tell nothing, read the map): when the ban followed a clean answer
         there and the proxy is quarantined on another site, that is evidence the two share a blacklist;
@@ -55,6 +59,12 @@ class _Links:
         rested from that other site (a rate quarantine): the two do not share a blacklist, and no link
         between them is made for ``veto`` seconds.
 
+        ``overlapped``: the site ``proxy_id`` was in flight on, on this host, for the whole of this request.
+        With a ``quarantine``, the ban came while it was: overlap evidence (the site counted that other
+        request), which links once ``proxies`` distinct proxies gave it and the first is ``settle``
+        seconds old without a veto (at any call, a read included); with none, the request was answered
+        clean while it was: the two do not share a blacklist for overlaps (an overlap veto).
+
         A link forgets both sites' adaptive pacing: the bans that linked them voted as rate bans and
         raised their intervals, though the blacklist, not the pace, refused the IPs. With ``start`` (the
         group's adaptive start interval, seconds) the group's pace starts there at once, and no rate ban
@@ -62,21 +72,23 @@ class _Links:
         refuses (quarantined on the other site only, or banned by hosts that had not yet learned the
         link) are refused on the group for that, not for its pace."""
         return self._drive(self._site_link(pool, site, proxy_id, quarantine, known, evidence, max_group, keep,
-                                           proxies, start, rested_from, veto, span))
+                                           proxies, start, rested_from, veto, span, overlapped, settle))
 
     def _site_link(self, pool, site, proxy_id, quarantine, known, evidence, max_group, keep, proxies,
-                   start, rested_from, veto, span) -> Plan:
+                   start, rested_from, veto, span, overlapped, settle) -> Plan:
         _name(site, "site")
         if rested_from:
             _name(rested_from, "site rested from")
-            quarantine = 0
+            quarantine, overlapped = 0, ""
+        if overlapped:
+            _name(overlapped, "site overlapped")
         if quarantine:
             _name(proxy_id, "proxy id")
         ttl = max(0, _ms(quarantine, "quarantine")) if quarantine else 0
         reply = yield _Script("site_link", keyset.script_keys("site_link", self.prefix(pool), site), (
             site, proxy_id or "-", ttl, max(1, _ms(evidence, "evidence")), max(2, int(max_group)),
             max(1, _ms(keep, "keep")), known, max(1, int(proxies)), rested_from, max(1, _ms(veto, "veto")),
-            _ms(span, "span")))
+            _ms(span, "span"), overlapped, _ms(settle, "settle")))
         version, linked, now = str(reply[0]), str(reply[1]), int(reply[2])
         pair = tuple(linked.split("|", 1)) if linked else None
         if pair is not None:

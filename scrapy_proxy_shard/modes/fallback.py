@@ -49,6 +49,7 @@ from scrapy_proxy_shard.engine.store_links import (
     LINK_KEEP,
     LINK_MAX_GROUP,
     LINK_PROXIES,
+    LINK_SETTLE,
     LINK_SPAN,
     LINK_VETO,
 )
@@ -323,7 +324,8 @@ class FallbackPoolStore(PoolBackend):
     async def site_link(self, pool: str, site: str, proxy_id: str, *, quarantine: float, known: str = "",
                         evidence: float = LINK_EVIDENCE, max_group: int = LINK_MAX_GROUP,
                         keep: float = LINK_KEEP, proxies: int = LINK_PROXIES, start: float = 0.0,
-                        rested_from: str = "", veto: float = LINK_VETO, span: float = LINK_SPAN) -> Any:
+                        rested_from: str = "", veto: float = LINK_VETO, span: float = LINK_SPAN,
+                        overlapped: str = "", settle: float = LINK_SETTLE) -> Any:
         """Redis learns for every host; while it is away nothing is learned (the groups known stay)."""
         if self.state != "redis":
             return None
@@ -331,7 +333,8 @@ class FallbackPoolStore(PoolBackend):
             return await self.primary.site_link(pool, site, proxy_id, quarantine=quarantine, known=known,
                                                 evidence=evidence, max_group=max_group, keep=keep,
                                                 proxies=proxies, start=start, rested_from=rested_from,
-                                                veto=veto, span=span)
+                                                veto=veto, span=span, overlapped=overlapped,
+                                                settle=settle)
         except PoolUnreachable:
             return None
 

@@ -87,6 +87,10 @@ SECTIONS: tuple[StatSection, ...] = (
              "host's rate bans made ([learned site groups](../pacing.md#shared-blacklists-learned))"),
         _doc("proxy_shard/site_groups/apart", FINISH, "clean answers on a site from a proxy resting from another "
              "(a rate quarantine this host started): each vetoes linking the two for 10 minutes"),
+        _doc("proxy_shard/site_groups/overlap_bans", FINISH, "rate bans of a request sent while this host had "
+             "the same proxy in flight on another site (reported as evidence that the two share a blacklist)"),
+        _doc("proxy_shard/site_groups/overlap_apart", FINISH, "clean answers of a request sent while this host "
+             "had the same proxy in flight on another site, reported as a veto (at most every 30 s per pair)"),
         _doc("proxy_shard/site_groups/regrouped_waits", ACQUIRE, "waiting requests whose site was linked into a "
              "learned group meanwhile: they ask again under the group's key"),
         _doc("proxy_shard/site_groups/learned_sites", "runtime (at a ban or heartbeat)", "sites this host "
