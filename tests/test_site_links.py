@@ -326,14 +326,20 @@ def test_overlap_bans_link_once_settled_with_no_quarantine_or_clean_answer_befor
     distinct proxies' overlap evidence links the two once it has settled, at any call, a read included."""
     store.add_proxies(POOL, URLS)
     ids = _ids(store)[:3]
+    # the same bans opened both sites' circuit breakers (every proxy rejected at once)
+    breakers = [schema.site_part(store.prefix(POOL), name, site) for site in ("a.example", "b.example")
+                for name in (schema.BREAKER, schema.BREAKER_SEEN)]
+    for key in breakers[::2]:
+        store.client.hset(key, "state", "open")
     for pid in ids:
         links = store.site_link(POOL, "b.example", pid, quarantine=15, overlapped="a.example", settle=0.2)
         assert links.linked is None
     assert _groups(store) == {}  # not settled yet: a clean overlap may still veto
     time.sleep(0.25)
     links = store.site_link(POOL, "-", "", quarantine=0, settle=0.2)
-    assert links.linked == ("a.example", "b.example")
+    assert (links.linked, links.how) == (("a.example", "b.example"), "overlap")
     assert links.groups == {"b.example": "a.example"}
+    assert not store.client.exists(*breakers)  # the group starts closed
     # one proxy's overlaps never link, however often
     for _ in range(3):
         store.site_link(POOL, "d.example", ids[0], quarantine=15, overlapped="c.example", settle=0)
@@ -366,7 +372,7 @@ def test_an_overlap_veto_leaves_the_quarantine_evidence_alone(store):
     for pid in ids[:3]:
         _banned(store, "a.example", pid, after_clean=False)
         links = _banned(store, "b.example", pid)
-    assert links.linked == ("a.example", "b.example")
+    assert (links.linked, links.how) == (("a.example", "b.example"), "quarantine")
 
 
 def test_a_rate_ban_while_the_proxy_is_in_flight_on_another_site_is_overlap_evidence():

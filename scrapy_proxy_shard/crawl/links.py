@@ -48,6 +48,10 @@ REFRESH = 2.0
 VETO_MARGIN = 1.5
 #: Rests kept before the ended ones are dropped (one per proxy this host rate-banned lately).
 RESTING_MAX = 4096
+HOW_QUARANTINE = ("proxies answered clean on one were rate-banned there while quarantined on the other, "
+                  "three of them")
+HOW_OVERLAP = ("three proxies were rate-banned on one while in flight on the other, and no overlap was "
+               "answered clean")
 #: Least time between two overlap vetoes this host tells for one pair of sites (seconds).
 APART_EVERY = 30.0
 #: Pairs whose last overlap veto is remembered before the list is cleared.
@@ -199,11 +203,11 @@ class SiteLinker:
         if links.linked is not None:
             stats.inc_value(f"{STATS}/site_groups/linked")
             a, b = links.linked
+            why = (HOW_OVERLAP if links.how == "overlap" else HOW_QUARANTINE)
             logger.warning(
-                "proxy_shard: sites %(a)s and %(b)s share a blacklist (proxies answered clean on one, then were "
-                "rate-banned there while quarantined on the other; proxy %(proxy)s the third): every host now "
-                "leases, paces and quarantines them as one site group %(a)s. Declare PROXY_SHARD_SITE_GROUPS "
-                "to skip the learning cost, or DEL the pool's links key to forget", {"a": a, "b": b, "proxy": proxy_id})
+                "proxy_shard: sites %(a)s and %(b)s share a blacklist (%(why)s): every host now leases, paces "
+                "and quarantines them as one site group %(a)s. Declare PROXY_SHARD_SITE_GROUPS to skip the "
+                "learning cost, or DEL the pool's links key to forget", {"a": a, "b": b, "why": why})
         if links.groups is None:
             return
         self._known[pool] = links.version

@@ -38,6 +38,9 @@ class SiteLinks:
     version: str
     groups: dict[str, str] | None = field(default=None)
     linked: tuple[str, str] | None = None
+    #: How the link was found: "quarantine" (bans while quarantined on the other site) or "overlap"
+    #: (bans while in flight on the other site).
+    how: str = ""
 
 
 class _Links:
@@ -90,13 +93,21 @@ class _Links:
             max(1, _ms(keep, "keep")), known, max(1, int(proxies)), rested_from, max(1, _ms(veto, "veto")),
             _ms(span, "span"), overlapped, _ms(settle, "settle")))
         version, linked, now = str(reply[0]), str(reply[1]), int(reply[2])
-        pair = tuple(linked.split("|", 1)) if linked else None
+        parts = linked.split("|") if linked else []
+        pair = (parts[0], parts[1]) if parts else None
+        how = ("overlap" if parts[2:] == ["o"] else "quarantine") if parts else ""
         if pair is not None:
-            paces = [keys.pace_key(self.prefix(pool), key) for key in pair]
+            prefix = self.prefix(pool)
+            paces = [keys.pace_key(prefix, key) for key in pair]
             proven = []
             for pace in paces:
                 proven.append((yield _Command(("HMGET", pace, "lo", "bad"))))
-            yield _Command(("DEL", *paces))
+            # The bans that linked them also opened their circuit breakers (every proxy rejected at once:
+            # the blacklist's doing, not the site refusing everyone): the group starts closed, and opens
+            # again if its own bans say so.
+            breakers = [keys.site_part(prefix, name, key) for key in pair
+                        for name in (keys.BREAKER, keys.BREAKER_SEEN)]
+            yield _Command(("DEL", *paces, *breakers))
             if start > 0:
                 iv, bad = _group_start(start, proven)
                 yield _Command(("HSET", paces[0], "iv", f"{iv:.3f}", "chg", now, "eff", now + 2 * ttl,
@@ -104,9 +115,9 @@ class _Links:
                                 "xp", now + PACE_KEEP_MS))
                 yield _Command(("PEXPIRE", paces[0], PACE_KEEP_MS))
         if len(reply) == 3 and version == known:
-            return SiteLinks(version, None, pair)
+            return SiteLinks(version, None, pair, how)
         rest = [str(x) for x in reply[3:]]
-        return SiteLinks(version, dict(zip(rest[::2], rest[1::2], strict=True)), pair)
+        return SiteLinks(version, dict(zip(rest[::2], rest[1::2], strict=True)), pair, how)
 
 
 def _group_start(start: float, proven: list) -> tuple[float, float]:

@@ -48,7 +48,8 @@
 -- ARGV[13] how long overlap evidence settles before it links, ms (a veto may come meanwhile)
 -- Replies:
 --   {version, linked, now}              the caller's version is current (linked: "" or "<a>|<b>" just
---                                       linked; now: the Redis clock, ms)
+--                                       linked by bans while quarantined, "<a>|<b>|o" by overlap
+--                                       evidence; now: the Redis clock, ms)
 --   {version, linked, now, k1, g1, ...} else the map too: each linked site key and its group's key
 
 local bad = arg_str(1, 'site') or arg_str(2, 'proxy id') or arg_int(3, 'quarantine ms', 0, MAX_MS)
@@ -128,7 +129,7 @@ local function evidence(field, a, b, span)
   if not known then seen[#seen + 1] = id end
   if #seen >= needed and now - first >= span then
     redis.call('HDEL', K_LINKEV, field)
-    if link(a, b) then linked = a .. '|' .. b end
+    if link(a, b) then linked = a .. '|' .. b .. (string.sub(field, 1, 2) == 'o|' and '|o' or '') end
   elseif not known then
     redis.call('HSET', K_LINKEV, field, istr(first) .. '|' .. table.concat(seen, '|'))
     if redis.call('PTTL', K_LINKEV) < evidence_ms then redis.call('PEXPIRE', K_LINKEV, evidence_ms) end
@@ -187,7 +188,7 @@ if list then
       redis.call('HDEL', K_LINKEV, field)
       -- (the groups may have changed since: link what the two sites belong to now)
       local pair, x, y = pair_of(a, b)
-      if pair and link(x, y) then linked = pair end
+      if pair and link(x, y) then linked = pair .. '|o' end
     else
       keep[#keep + 1] = field
     end
