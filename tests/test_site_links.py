@@ -386,12 +386,17 @@ def test_a_rate_ban_while_the_proxy_is_in_flight_on_another_site_is_overlap_evid
         await h.open()
         h.runtime.links.settle = 0.0
         told = {"Retry-After": "30"}
+        banned = []
         for i in range(3):
             first = await _lease_for(h, f"http://a-shop.test/{i}")
-            pid = first.meta["proxy_shard_proxy_id"]
-            await _answer(h, await _lease_for(h, f"http://b-shop.test/{i}", pid), 429, told)
+            banned.append(first.meta["proxy_shard_proxy_id"])
+            await _answer(h, await _lease_for(h, f"http://b-shop.test/{i}", banned[-1]), 429, told)
             await _answer(h, first)
         linked = h.runtime.sites.key_for_url("http://b-shop.test/9")
+        # one ban scope: the group's key (a-shop) holds back the IPs b-shop's blacklist still refuses
+        ready = schema.site_part(h.admin.prefix("default"), schema.READY, "a-shop.test")
+        now_ms = time.time() * 1000
+        assert all(h.admin.client.zscore(ready, f"{pid}/0") > now_ms + 25000 for pid in banned)
         for i in range(2):
             first = await _lease_for(h, f"http://one.test/{i}")
             await _answer(h, await _lease_for(h, f"http://two.test/{i}", first.meta["proxy_shard_proxy_id"]))

@@ -78,6 +78,7 @@ class SiteLinker:
         #: proxy id -> {token: lease} of this host's leases in flight (to find a request's overlaps)
         self._flying: dict[str, dict[str, Lease]] = {}
         self._apart: dict[tuple[str, str, str], float] = {}  # (pool, site, site) -> last veto told (loop clock)
+        self._settling: dict[str, asyncio.Future] = {}  # pool -> its read once overlap evidence settled
 
     def leased(self, lease: Lease) -> None:
         """This host leased ``lease`` (its overlaps with the proxy's other requests are looked up later)."""
@@ -94,6 +95,16 @@ class SiteLinker:
 
     def clear(self) -> None:
         self._flying.clear()
+        for task in self._settling.values():
+            task.cancel()
+        self._settling.clear()
+
+    async def _read_settled(self, pool: str) -> None:
+        try:
+            await asyncio.sleep(self.settle + 0.05)
+            await self.refresh(pool)
+        finally:
+            self._settling.pop(pool, None)
 
     def _enclosing(self, lease: Lease) -> str:
         """The site of this host's earliest request through ``lease``'s proxy to another site that was in
@@ -138,6 +149,10 @@ class SiteLinker:
             self.runtime.stats.inc_value(f"{STATS}/site_groups/overlap_bans")
         await self._ask(lease.pool, lease.site, lease.proxy_id, max(0.001, quarantine), start=start,
                         overlapped=overlapped)
+        if overlapped and lease.pool not in self._settling:
+            # Overlap evidence links once settled, at the next call: read the map then (an opening wave's
+            # bans may open the breakers, and nothing else would call before the next heartbeat).
+            self._settling[lease.pool] = asyncio.ensure_future(self._read_settled(lease.pool))
 
     async def answered(self, lease: Lease, result: ReleaseResult) -> None:
         """A clean answer: when its proxy rests from another site (a rate quarantine this host started

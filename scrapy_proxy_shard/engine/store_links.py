@@ -4,6 +4,7 @@ proxy (``lua/site_link.lua`` says how). ``_Links`` is a mixin of ``store._StoreB
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from scrapy_proxy_shard.engine import keyset
 from scrapy_proxy_shard.engine import schema as keys
@@ -117,7 +118,46 @@ class _Links:
         if len(reply) == 3 and version == known:
             return SiteLinks(version, None, pair, how)
         rest = [str(x) for x in reply[3:]]
-        return SiteLinks(version, dict(zip(rest[::2], rest[1::2], strict=True)), pair, how)
+        groups = dict(zip(rest[::2], rest[1::2], strict=True))
+        if pair is not None:
+            yield from _one_ban_scope(self.prefix(pool), pair[0], groups, now)
+        return SiteLinks(version, groups, pair, how)
+
+
+def _one_ban_scope(prefix: str, group: str, groups: dict[str, str], now: int) -> Plan:
+    """A new group is one ban scope: a proxy rate-banned on one of its sites (a rest still running, as
+    the linking evidence recorded it) waits as long on the group's key, which leases for all of them.
+    Without it the group's first leases go to IPs the blacklist still refuses, and their bans, five
+    distinct proxies with no clean answer between, open the group's circuit breaker at once."""
+    members = {site for site, key in groups.items() if key == group} | {group}
+    banned = yield _Command(("HGETALL", keys.sub_key(prefix, keys.LINKBAN)))
+    rests = {pid: int(until) for pid, (site, _, until) in ((pid, entry.rpartition("|"))
+                                                         for pid, entry in (banned or {}).items())
+             if site in members and site != group and until.isdigit() and int(until) > now}
+    if not rests:
+        return
+    fields = [f"{group}|{pid}" for pid in rests]
+    bans = keys.sub_key(prefix, keys.BANS)
+    held = yield _Command(("HMGET", bans, *fields))
+    slots = yield _Command(("HGET", keys.site_part(prefix, keys.SITE, group), "c"))
+    per_proxy = max(1, int(slots or 1))
+    entries: list[Any] = []
+    scores: list[Any] = []
+    for (pid, until), field_, entry in zip(rests.items(), fields, held, strict=True):
+        if entry and int(entry.split("|", 1)[0]) >= until:
+            continue  # quarantined on the group's own key as long already
+        # (as ban() in _lib.lua writes it: release and lease keep the slot back until then)
+        entries += [field_, f"{until}|1|blacklist|{now}"]
+        scores += [x for k in range(per_proxy) for x in (until, f"{pid}/{k}")]
+    if entries:
+        yield _Command(("HSET", bans, *entries))
+        yield _Command(("ZADD", keys.sub_key(prefix, keys.BANIDX), "GT",
+                        *[x for f, u in zip(entries[::2], scores[::2 * per_proxy], strict=True) for x in (u, f)]))
+        yield _Command(("ZADD", keys.site_part(prefix, keys.READY, group), "XX", "GT", *scores))
+        want = max(scores[::2]) - now + 1000  # (bans_expire in _lib.lua: the entries outlive their rest)
+        for key in (bans, keys.sub_key(prefix, keys.BANIDX)):
+            if (yield _Command(("PTTL", key))) < want:
+                yield _Command(("PEXPIRE", key, want))
 
 
 def _group_start(start: float, proven: list) -> tuple[float, float]:
