@@ -71,10 +71,12 @@ class _Links:
 
         A link forgets both sites' adaptive pacing: the bans that linked them voted as rate bans and
         raised their intervals, though the blacklist, not the pace, refused the IPs. With ``start`` (the
-        group's adaptive start interval, seconds) the group's pace starts there at once, and no rate ban
-        of a request started within twice ``quarantine`` of the link votes on it: IPs the blacklist still
+        group's adaptive start interval, seconds) the group's pace starts there at once, and a rate ban
+        votes on it only from an IP that answered clean on the group since: IPs the blacklist still
         refuses (quarantined on the other site only, or banned by hosts that had not yet learned the
-        link) are refused on the group for that, not for its pace."""
+        link) are refused on the group for that, not for its pace. The group's key's circuit breaker is
+        closed (the same bans opened it), and the proxies a member's rest still holds back are
+        quarantined on the group's key as long."""
         return self._drive(self._site_link(pool, site, proxy_id, quarantine, known, evidence, max_group, keep,
                                            proxies, start, rested_from, veto, span, overlapped, settle))
 
@@ -104,14 +106,17 @@ class _Links:
             for pace in paces:
                 proven.append((yield _Command(("HMGET", pace, "lo", "bad"))))
             # The bans that linked them also opened their circuit breakers (every proxy rejected at once:
-            # the blacklist's doing, not the site refusing everyone): the group starts closed, and opens
-            # again if its own bans say so.
-            breakers = [keys.site_part(prefix, name, key) for key in pair
-                        for name in (keys.BREAKER, keys.BREAKER_SEEN)]
+            # the blacklist's doing, not the site refusing everyone): the group's key starts closed, and
+            # opens again if its own bans say so. The other's stays as it was: hosts that have not read
+            # the new map yet lease under it, and must not send one IP to both meanwhile.
+            breakers = [keys.site_part(prefix, name, pair[0]) for name in (keys.BREAKER, keys.BREAKER_SEEN)]
             yield _Command(("DEL", *paces, *breakers))
             if start > 0:
                 iv, bad = _group_start(start, proven)
-                yield _Command(("HSET", paces[0], "iv", f"{iv:.3f}", "chg", now, "eff", now + 2 * ttl,
+                # Clean answers from now on count (eff): a rate ban votes only from an IP that answered
+                # clean on the group (its marks went with the paces), so the IPs the blacklist still
+                # refuses cast no vote.
+                yield _Command(("HSET", paces[0], "iv", f"{iv:.3f}", "chg", now, "eff", now,
                                 "run", 0, "bad", f"{bad:.3f}" if bad else 0, "vote", "", "probe", "",
                                 "xp", now + PACE_KEEP_MS))
                 yield _Command(("PEXPIRE", paces[0], PACE_KEEP_MS))
