@@ -9,6 +9,7 @@ changes which key a request leases under, on this host and (at its heartbeat) on
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 
@@ -17,6 +18,7 @@ from scrapy import Request
 from test_middlewares import PAGE, PROXIES, Harness, _next_ms, run
 
 from scrapy_proxy_shard.engine import schema
+from scrapy_proxy_shard.engine.records import Lease, LeaseWait
 from scrapy_proxy_shard.engine.sites import SiteMap
 
 POOL = "main"
@@ -408,3 +410,27 @@ def test_a_rate_ban_while_the_proxy_is_in_flight_on_another_site_is_overlap_evid
     assert run(scenario()) == "a-shop.test"
     assert h.stat("site_groups/overlap_bans") == 3 and h.stat("site_groups/linked") == 1
     assert h.stat("site_groups/overlap_apart") == 1  # told once per pair (APART_EVERY)
+
+
+def test_the_sites_a_crawl_opens_together_see_each_proxy_first_far_apart(store):
+    """A crawl's opening wave sends every IP to every site at once, which a shared blacklist punishes
+    before anything can be learned. The first site opens in one burst, as always; each later one spreads
+    its proxies' first slots over its first interval at its own phase, so one IP's first requests to
+    two sites are at least a third of the interval apart (5 proxies here: a fifth at worst)."""
+    store.add_proxies(POOL, URLS)
+    assert all(isinstance(store.lease(POOL, "a.example", ttl=30, spread=3.0), Lease) for _ in URLS)
+    offsets = {}
+    for site in ("b.example", "c.example"):
+        now = time.time() * 1000
+        first = store.lease(POOL, site, ttl=30, spread=3.0)
+        assert isinstance(first, LeaseWait) and 0 < first.wait <= 3.0
+        ready = store.client.zrange(schema.site_part(store.prefix(POOL), schema.READY, site), 0, -1,
+                                    withscores=True)
+        offsets[site] = {member: score - now for member, score in ready}
+        assert len(offsets[site]) == len(URLS) and all(-50 < o < 3050 for o in offsets[site].values())
+        spaced = sorted(offsets[site].values())
+        assert min(b - a for a, b in itertools.pairwise(spaced)) > 3000 / len(URLS) - 50
+    apart = [abs(offsets["b.example"][m] - offsets["c.example"][m]) for m in offsets["b.example"]]
+    assert min(min(d, 3000 - d) for d in apart) > 3000 / len(URLS) - 50
+    # without a spread (no pacing), every proxy is free at once on a new site too
+    assert isinstance(store.lease(POOL, "d.example", ttl=30), Lease)

@@ -552,7 +552,8 @@ class ShardRuntime:
         self._check_stopping(pool, site)
         try:
             result = await self.store.lease(pool, site, ttl=ttl, concurrency=self.options_of(site).concurrency,
-                                            session_ttl=self.settings.session_ttl, spacing=self._spacing(site))
+                                            session_ttl=self.settings.session_ttl, spacing=self._spacing(site),
+                                            spread=self.interval_of(site))
         except ProxyShardError:
             return None
         if isinstance(result, Lease):
@@ -591,7 +592,7 @@ class ShardRuntime:
             try:
                 result = await self.store.lease(pool, site, ttl=ttl, concurrency=concurrency,
                                                 session_id=session_id, session_ttl=s.session_ttl,
-                                                spacing=self._spacing(site))
+                                                spacing=self._spacing(site), spread=self.interval_of(site))
             except UnknownPoolError as exc:
                 if not restored and await self._restore_lost_pool(pool):
                     restored = True

@@ -65,19 +65,26 @@ class _Leasing:
 
     # --- leasing -------------------------------------------------------------------------------
     def lease(self, pool: str, site: str, *, ttl: float, concurrency: int = 1,
-              session_id: str | None = None, session_ttl: float = 600.0, spacing: float = 0.0):
+              session_id: str | None = None, session_ttl: float = 600.0, spacing: float = 0.0,
+              spread: float = 0.0):
         """Lease the slot free longest on ``site``, or continue ``session_id``'s sticky proxy.
 
         ``spacing`` (seconds; with ``concurrency`` > 1): the interval the caller paces the site with.
         The proxy's other slots on the site start no sooner than that after this lease (the site counts
         arrivals per IP); 0: the spacing the site's last release paced with.
 
+        ``spread`` (seconds; the site's first interval): the first use of each proxy the site learns at
+        this call is spread over it, each site at its own phase (learn() in lua/_lib.lua): a site's first
+        round is not one burst, and one IP's first requests to the sites a crawl opens at once are far
+        apart. 0: every proxy is free at once.
+
         Returns a ``Lease`` or a ``LeaseWait``; raises ``UnknownPoolError`` for an empty pool.
         """
         return self._run(self._lease_request, self._lease_done, pool, site, ttl, concurrency, session_id,
-                         session_ttl, spacing)
+                         session_ttl, spacing, spread)
 
-    def _lease_request(self, pool, site, ttl, concurrency, session_id, session_ttl, spacing=0.0) -> _Script:
+    def _lease_request(self, pool, site, ttl, concurrency, session_id, session_ttl, spacing=0.0,
+                       spread=0.0) -> _Script:
         token = self._token()
         session = session_id or ""
         slots = int(concurrency)
@@ -91,9 +98,11 @@ class _Leasing:
         return _Script("lease", self._call_keys("lease", self.prefix(pool), _name(site, "site"), session, token), (
             site, slots, ttl_ms, token, self.host_id, session,
             _ms(max(session_ttl, ttl), "session_ttl"), self.site_idle_ms, _ms(spacing, "spacing"),
+            _ms(spread, "spread"),
         ))
 
-    def _lease_done(self, reply, request, pool, site, ttl, concurrency, session_id, session_ttl, spacing=0.0):
+    def _lease_done(self, reply, request, pool, site, ttl, concurrency, session_id, session_ttl, spacing=0.0,
+                    spread=0.0):
         if reply[0] == "MIGRATE":
             return _Continue(self._lease_migrated(request, pool, site, session_id, ttl))
         return self._lease_result(reply, pool, site, session_id)

@@ -225,13 +225,14 @@ class FallbackPoolStore(PoolBackend):
 
     async def lease(self, pool: str, site: str, *, ttl: float, concurrency: int = 1,
                     session_id: str | None = None, session_ttl: float = 600.0,
-                    spacing: float = 0.0) -> Lease | LeaseWait:
+                    spacing: float = 0.0, spread: float = 0.0) -> Lease | LeaseWait:
         self._site_concurrency[(pool, site)] = concurrency
         if self.state == "redis":
             try:
                 await self._refresh_snapshot(pool)
                 result = await self.primary.lease(pool, site, ttl=ttl, concurrency=concurrency,
-                                                  session_id=session_id, session_ttl=session_ttl, spacing=spacing)
+                                                  session_id=session_id, session_ttl=session_ttl, spacing=spacing,
+                                                  spread=spread)
                 self._silent_since = None
                 return result
             except PoolUnreachable as exc:
@@ -241,7 +242,7 @@ class FallbackPoolStore(PoolBackend):
         if self.state == "grace" and self.clock() >= self._grace_until:
             self._leave_fallback()
             return await self.lease(pool, site, ttl=ttl, concurrency=concurrency, session_id=session_id,
-                                    session_ttl=session_ttl, spacing=spacing)
+                                    session_ttl=session_ttl, spacing=spacing, spread=spread)
         return await self._local_lease(pool, site, ttl, concurrency, session_id, session_ttl, spacing)
 
     async def wait_for_release(self, pool: str, site: str, timeout: float) -> bool:

@@ -304,7 +304,14 @@ local LEARN_CHUNK = 32  -- ~0.1 ms a page; a site touched a few times stays a li
 -- new member waits for a live held record of its slot (a proxy removed and added again while held,
 -- or a pool restored while the site's state survived) and for the proxy's quarantines. Returns true
 -- when the site has seen every proxy.
-local function learn(site, c, seq, pool_seq, now)
+-- The opening spread (`spread` ms, the site's first interval; 0: none): each proxy's first slot is
+-- free at now + frac(its add number / the pool's + the site's phase `ph`) x spread. A site's first
+-- round of requests is spread over the interval it would take anyway (each IP serves it once per
+-- interval), not sent in one burst at the first lease; and since every site's phase differs (see
+-- ensure_site), one IP's first requests to the sites a crawl opens at once are far apart: two
+-- sites behind one blacklist see no IP twice at once before the crawl can learn they share it
+-- (crawl/links.py), and independent sites lose nothing.
+local function learn(site, c, seq, pool_seq, now, spread, ph)
   if seq >= pool_seq then return true end
   local count = math.max(1, math.floor(LEARN_CHUNK / c))
   local got = redis.call('ZRANGEBYSCORE', K_ORDER, '(' .. istr(seq), '+inf', 'WITHSCORES', 'LIMIT', 0, count)
@@ -326,6 +333,9 @@ local function learn(site, c, seq, pool_seq, now)
     for i = 1, #got, 2 do
       local id = got[i]
       local free_at = now
+      if spread > 0 then
+        free_at = now + math.floor(((tonumber(got[i + 1]) / pool_seq + ph) % 1) * spread)
+      end
       for _, entry in ipairs({bans[i], bans[i + 1]}) do
         local u = entry_until(entry)
         if u > free_at then free_at = u end
@@ -400,9 +410,23 @@ end
 -- slots per proxy, whether it has seen every proxy and when its keys expire (see touch_site; nil when
 -- not known). A site whose cursor is ahead of the pool (the pool was lost and restored while the
 -- site's state survived) starts learning again.
-local function ensure_site(site, concurrency, now, pool_seq)
-  local h = redis.call('HMGET', K_SITE, 'c', 'seq', 'x')
+local GOLDEN = 0.6180339887  -- the n-th site's phase: frac(n x GOLDEN), far from every earlier one's
+
+local function ensure_site(site, concurrency, now, pool_seq, spread)
+  local h = redis.call('HMGET', K_SITE, 'c', 'seq', 'x', 'ph')
   local c, seq = tonumber(h[1]), tonumber(h[2]) or 0
+  local ph = tonumber(h[4])
+  spread = spread or 0
+  if spread > 0 and seq < pool_seq and not ph then
+    -- The n-th live site's phase (K_SITEIDX: this one is indexed at its first lease's touch_site,
+    -- after this); the first one alone is not spread (-1): a crawl of one site opens as it always did,
+    -- and the others keep their first requests away from its opening burst.
+    local n = redis.call('ZCARD', K_SITEIDX)
+    ph = -1
+    if n > 0 then ph = (n * GOLDEN) % 1 end
+    redis.call('HSET', K_SITE, 'ph', tostring(ph))
+  end
+  if ph and ph < 0 then spread = 0 end
   -- the deadline holds only for keys this call does not create: none when learn() may add to (and so
   -- recreate) the ready set
   local deadline = tonumber(h[3])
@@ -414,7 +438,7 @@ local function ensure_site(site, concurrency, now, pool_seq)
   elseif seq > pool_seq then
     seq = 0
   end
-  return c, learn(site, c, seq, pool_seq, now), deadline
+  return c, learn(site, c, seq, pool_seq, now, spread, ph or 0), deadline
 end
 
 -- Push every slot of a proxy on the call's site to at least `until_ms` (XX: never re-adds a removed

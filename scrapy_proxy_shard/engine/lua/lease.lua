@@ -16,6 +16,8 @@
 -- ARGV[8]  site idle TTL, ms: the site's state expires this long after its last hold ends
 -- ARGV[9]  spacing, ms (optional; with concurrency > 1): the proxy's other slots on the site start no
 --          sooner than this after the lease's start; 0 or absent: the site's last release's (ip_field)
+-- ARGV[10] opening spread, ms (optional; 0: none): the first use of each proxy the site learns is
+--          spread over this (the site's first interval: see learn() in _lib.lua)
 -- Replies (flat arrays):
 --   {"OK", id, url, member, token, expires_ms, now_ms, session_flag, rebound_flag}
 --        session_flag 1: the lease is a use of a sticky session; rebound_flag 1: the session's
@@ -132,7 +134,8 @@ if sid ~= '' then
   end
 end
 
-local site_c, built, deadline = ensure_site(site, concurrency, now, pool_seq)
+local spread = tonumber(ARGV[10]) or 0
+local site_c, built, deadline = ensure_site(site, concurrency, now, pool_seq, spread)
 local found = redis.call('ZRANGEBYSCORE', ready, '-inf', now_str, 'LIMIT', 0, 1)
 if #found == 0 and built and redis.call('EXISTS', ready) == 0 then
   -- The site's ready set is gone while its hash says every proxy was learnt (the set was evicted, or
@@ -142,7 +145,7 @@ if #found == 0 and built and redis.call('EXISTS', ready) == 0 then
   built = false
 end
 if #found == 0 and not built then  -- still learning: the free ones may be unlearnt: one more page
-  site_c, built = ensure_site(site, concurrency, now, pool_seq)
+  site_c, built = ensure_site(site, concurrency, now, pool_seq, spread)
   deadline = nil  -- the ready set may be new: read the expiries
   found = redis.call('ZRANGEBYSCORE', ready, '-inf', now, 'LIMIT', 0, 1)
 end
