@@ -57,6 +57,9 @@ MARGIN_PRIOR = 0.03
 
 #: Longest single block on a site's freed list; kept below the Redis client's socket timeout.
 MAX_BLOCK = 2.0
+#: The longest a site spreads its proxies' first requests over (seconds; the adaptive start interval's
+#: default): a long fixed interval (minutes) would otherwise hold a proxy's first page back that long.
+OPENING_SPREAD_MAX = 3.0
 #: Seconds a lease outlives its request's download_timeout (release happens right after the response).
 LEASE_MARGIN = 2.0
 #: Shortest pause between two lease calls of one waiting request (seconds): the loop cannot spin.
@@ -428,6 +431,11 @@ class ShardRuntime:
         proxy): the interval it is paced with; 0 with one slot (nothing to keep)."""
         return self.interval_of(site) if self.options_of(site).concurrency > 1 else 0.0
 
+    def _spread(self, site: str) -> float:
+        """Over how long a site spreads its proxies' first requests when it learns them (the opening
+        spread, learn() in engine/lua/_lib.lua): its interval, at most OPENING_SPREAD_MAX."""
+        return min(self.interval_of(site), OPENING_SPREAD_MAX)
+
     def interval_of(self, site: str) -> float:
         """The start-to-start interval paced on ``site``: the configured one, or with adaptive pacing the
         last learned value this host saw (its start interval before any)."""
@@ -553,7 +561,7 @@ class ShardRuntime:
         try:
             result = await self.store.lease(pool, site, ttl=ttl, concurrency=self.options_of(site).concurrency,
                                             session_ttl=self.settings.session_ttl, spacing=self._spacing(site),
-                                            spread=self.interval_of(site))
+                                            spread=self._spread(site))
         except ProxyShardError:
             return None
         if isinstance(result, Lease):
@@ -592,7 +600,7 @@ class ShardRuntime:
             try:
                 result = await self.store.lease(pool, site, ttl=ttl, concurrency=concurrency,
                                                 session_id=session_id, session_ttl=s.session_ttl,
-                                                spacing=self._spacing(site), spread=self.interval_of(site))
+                                                spacing=self._spacing(site), spread=self._spread(site))
             except UnknownPoolError as exc:
                 if not restored and await self._restore_lost_pool(pool):
                     restored = True

@@ -419,14 +419,10 @@ local function ensure_site(site, concurrency, now, pool_seq, spread)
   spread = spread or 0
   if spread > 0 and seq < pool_seq and not ph then
     -- The n-th live site's phase (K_SITEIDX: this one is indexed at its first lease's touch_site,
-    -- after this); the first one alone is not spread (-1): a crawl of one site opens as it always did,
-    -- and the others keep their first requests away from its opening burst.
-    local n = redis.call('ZCARD', K_SITEIDX)
-    ph = -1
-    if n > 0 then ph = (n * GOLDEN) % 1 end
+    -- after this).
+    ph = (redis.call('ZCARD', K_SITEIDX) * GOLDEN) % 1
     redis.call('HSET', K_SITE, 'ph', tostring(ph))
   end
-  if ph and ph < 0 then spread = 0 end
   -- the deadline holds only for keys this call does not create: none when learn() may add to (and so
   -- recreate) the ready set
   local deadline = tonumber(h[3])
