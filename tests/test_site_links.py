@@ -437,3 +437,42 @@ def test_the_sites_a_crawl_opens_together_see_each_proxy_first_far_apart(store):
         assert min(min(d, 3000 - d) for d in apart) > 0.236 * 3000 - 50, (x, y)
     # without a spread (no pacing), every proxy is free at once on a new site
     assert all(isinstance(store.lease(POOL, "d.example", ttl=30), Lease) for _ in URLS)
+
+
+def test_overlaps_count_every_site_in_flight_and_drop_the_requests_that_never_came_back():
+    """A proxy banned on d while this host had it in flight on a and b is evidence for both pairs (the
+    clean overlaps veto the independent one); a request whose lease expired without an answer (a later
+    middleware replaced it) is dropped, not counted as in flight for ever; a settled read links with
+    the group's start interval."""
+    h = Harness({"PROXY_SHARD_LEARN_SITE_GROUPS": True}, pool="default", proxies=PROXIES[:1])
+    links = h.runtime.links
+
+    def lease(site, token, issued, expires=100.0):
+        made = Lease(pool="default", site=site, proxy_id="x", proxy_url="http://10.0.0.1:3128", member="x/0",
+                     token=token, expires_at=expires, issued_at=issued)
+        links.leased(made)
+        return made
+
+    lease("a.test", "t1", 1.0)
+    lease("b.test", "t2", 2.0)
+    lease("c.test", "t3", 0.5, expires=2.5)  # never came back
+    later = lease("e.test", "t4", 4.0)  # sent after the banned one: not around it
+    banned = Lease(pool="default", site="d.test", proxy_id="x", proxy_url="http://10.0.0.1:3128",
+                   member="x/0", token="t5", expires_at=100.0, issued_at=3.0)
+    assert links._enclosing(banned, now=5.0) == ["a.test", "b.test"]
+    assert "t3" not in links._flying["x"]
+    links.released(later)
+    assert set(links._flying["x"]) == {"t1", "t2"}
+
+    asked = []
+
+    async def site_link(*args, **kwargs):
+        asked.append(kwargs)
+
+    async def read():
+        h.runtime._store = type("S", (), {"site_link": staticmethod(site_link)})()
+        links.settle = 0.0
+        await links._read_settled("default", 3.0)
+
+    asyncio.run(read())
+    assert asked and asked[0]["start"] == 3.0 and asked[0]["quarantine"] == 0.0

@@ -18,7 +18,8 @@ site, and that request still in flight, is reported as *overlap* evidence for th
 proxy's overlaps that are answered clean are reported as a veto (at most every ``APART_EVERY`` seconds
 per pair and host). Overlap evidence from three distinct proxies links once it has settled two seconds
 without a veto: a proxy banned on one site while in flight on two others is evidence for both pairs,
-and the clean overlaps of the same wave, which answer later, veto the independent one.
+and the clean overlaps of the same wave, which answer later, veto the independent one. A request in
+flight whose lease expired (it never came back) is no longer counted.
 
 Every host learns the map at its own bans, and at each heartbeat otherwise (``refresh``). Redis keeps it
 7 days after the last link; ``DEL {<namespace>:<pool>}:links`` forgets it. ``PROXY_SHARD_LEARN_SITE_GROUPS
@@ -99,21 +100,23 @@ class SiteLinker:
             task.cancel()
         self._settling.clear()
 
-    async def _read_settled(self, pool: str) -> None:
+    async def _read_settled(self, pool: str, start: float) -> None:
         try:
             await asyncio.sleep(self.settle + 0.05)
-            await self.refresh(pool)
+            await self.refresh(pool, start=start)
         finally:
             self._settling.pop(pool, None)
 
-    def _enclosing(self, lease: Lease) -> str:
-        """The site of this host's earliest request through ``lease``'s proxy to another site that was in
-        flight for the whole of ``lease``'s (sent before it, not answered yet), or ""."""
-        found, first = "", lease.issued_at
-        for other in self._flying.get(lease.proxy_id, {}).values():
-            if other.site != lease.site and other.pool == lease.pool and other.issued_at <= first:
-                found, first = other.site, other.issued_at
-        return found
+    def _enclosing(self, lease: Lease, now: float) -> list[str]:
+        """The other sites this host had a request through ``lease``'s proxy in flight on for the whole of
+        ``lease``'s (sent before it, not answered yet, its lease not expired at ``now``: a request that
+        never came back, e.g. replaced by a later middleware, is dropped here), each once."""
+        flying = self._flying.get(lease.proxy_id, {})
+        for token in [t for t, other in flying.items() if other.expires_at <= now]:
+            del flying[token]
+        return sorted({other.site for other in flying.values()
+                       if other.site != lease.site and other.pool == lease.pool
+                       and other.issued_at <= lease.issued_at})
 
     def counts(self, reason: str | None, retry_after: float | None) -> bool:
         """Whether a quarantine of this reason is evidence (a rate-type ban: never a hard block)."""
@@ -144,15 +147,18 @@ class SiteLinker:
         if len(self._resting) >= RESTING_MAX:  # a proxy that never answers again leaves its entry
             self._resting = {k: v for k, v in self._resting.items() if v[2] > result.now}
         self._resting[lease.proxy_id] = [lease.site, result.now, result.now + quarantine, set()]
-        overlapped = self._enclosing(lease)
+        overlapped = self._enclosing(lease, result.now)
         if overlapped:
             self.runtime.stats.inc_value(f"{STATS}/site_groups/overlap_bans")
-        await self._ask(lease.pool, lease.site, lease.proxy_id, max(0.001, quarantine), start=start,
-                        overlapped=overlapped)
+        # (one call per site it was in flight on: evidence for each pair; the clean overlaps veto the
+        # independent ones)
+        for other in overlapped or [""]:
+            await self._ask(lease.pool, lease.site, lease.proxy_id, max(0.001, quarantine), start=start,
+                            overlapped=other)
         if overlapped and lease.pool not in self._settling:
             # Overlap evidence links once settled, at the next call: read the map then (an opening wave's
             # bans may open the breakers, and nothing else would call before the next heartbeat).
-            self._settling[lease.pool] = asyncio.ensure_future(self._read_settled(lease.pool))
+            self._settling[lease.pool] = asyncio.ensure_future(self._read_settled(lease.pool, start))
 
     async def answered(self, lease: Lease, result: ReleaseResult) -> None:
         """A clean answer: when its proxy rests from another site (a rate quarantine this host started
@@ -162,8 +168,7 @@ class SiteLinker:
         now = asyncio.get_running_loop().time()
         if now - self._read_at.get(lease.pool, 0.0) >= REFRESH:
             await self.refresh(lease.pool)
-        overlapped = self._enclosing(lease)
-        if overlapped:
+        for overlapped in self._enclosing(lease, result.now):
             a, b = sorted((overlapped, lease.site))
             if now - self._apart.get((lease.pool, a, b), -APART_EVERY) >= APART_EVERY:
                 if len(self._apart) >= APART_MAX:
@@ -188,10 +193,12 @@ class SiteLinker:
         self.runtime.stats.inc_value(f"{STATS}/site_groups/apart")
         await self._ask(lease.pool, lease.site, lease.proxy_id, 0.0, rested_from=site)
 
-    async def refresh(self, pool: str) -> None:
-        """Read ``pool``'s learned groups when they changed (one short call: the version, else the map)."""
+    async def refresh(self, pool: str, *, start: float = 0.0) -> None:
+        """Read ``pool``'s learned groups when they changed (one short call: the version, else the map).
+        ``start``: the adaptive start interval a group this read links (settled overlap evidence) begins
+        its pace at (0: not adaptive)."""
         if self.enabled:
-            await self._ask(pool, "-", "", 0.0)
+            await self._ask(pool, "-", "", 0.0, start=start)
 
     def _start(self, site: str) -> float:
         """The adaptive start interval a group linked through ``site`` begins at (0: not adaptive)."""
