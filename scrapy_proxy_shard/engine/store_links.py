@@ -146,20 +146,21 @@ def _one_ban_scope(prefix: str, group: str, groups: dict[str, str], now: int) ->
     held = yield _Command(("HMGET", bans, *fields))
     slots = yield _Command(("HGET", keys.site_part(prefix, keys.SITE, group), "c"))
     per_proxy = max(1, int(slots or 1))
-    entries: list[Any] = []
-    scores: list[Any] = []
+    entries: list[Any] = []  # bans: field, value
+    forget: list[Any] = []  # banidx: until, field
+    scores: list[Any] = []  # the group's ready set: until, slot member
     for (pid, until), field_, entry in zip(rests.items(), fields, held, strict=True):
         if entry and int(entry.split("|", 1)[0]) >= until:
             continue  # quarantined on the group's own key as long already
         # (as ban() in _lib.lua writes it: release and lease keep the slot back until then)
         entries += [field_, f"{until}|1|blacklist|{now}"]
+        forget += [until, field_]
         scores += [x for k in range(per_proxy) for x in (until, f"{pid}/{k}")]
     if entries:
         yield _Command(("HSET", bans, *entries))
-        yield _Command(("ZADD", keys.sub_key(prefix, keys.BANIDX), "GT",
-                        *[x for f, u in zip(entries[::2], scores[::2 * per_proxy], strict=True) for x in (u, f)]))
+        yield _Command(("ZADD", keys.sub_key(prefix, keys.BANIDX), "GT", *forget))
         yield _Command(("ZADD", keys.site_part(prefix, keys.READY, group), "XX", "GT", *scores))
-        want = max(scores[::2]) - now + 1000  # (bans_expire in _lib.lua: the entries outlive their rest)
+        want = max(forget[::2]) - now + 1000  # (bans_expire in _lib.lua: the entries outlive their rest)
         for key in (bans, keys.sub_key(prefix, keys.BANIDX)):
             if (yield _Command(("PTTL", key))) < want:
                 yield _Command(("PEXPIRE", key, want))
