@@ -523,7 +523,8 @@ def test_a_rate_ban_after_a_clean_answer_rests_the_ip_from_the_first_strike(fake
     """A rate ban is brief: the IP rests for the site's rest (AUTOTHROTTLE_BAN_TTL, 1 s, at first), from
     the first strike after each clean answer; banned again right after a brief quarantine of T it rests
     2 x T. A block (not rate-type) is brief after a clean answer too (a captcha after clean answers),
-    and hard on first contact: BAN_TTL (here 5 s), doubling up to 20 s while it repeats."""
+    4 x T when it repeats right after, and hard on first contact: BAN_TTL (here 5 s), doubling up to
+    20 s while it repeats."""
     store = PoolStore(fake_redis, namespace="t", host_id="h",
                       bans=BanOptions(ttl=5.0, max_ttl=20.0, jitter=0.0, strike_window=60.0, dead_ttl=5.0))
     at = AutothrottleOptions(enabled=True, start_interval=0.1, min_interval=0.01, max_interval=1.0, ban_ttl=1.0)
@@ -555,6 +556,9 @@ def test_a_rate_ban_after_a_clean_answer_rests_the_ip_from_the_first_strike(fake
     # it teaches the site no rest
     assert rests("bbbcb") == [1.0, 4.0, 16.0, 1.0]
     assert rests("cbcbcb", rate_ban=False) == [1.0, 1.0, 1.0]
+    # a block after clean answers, again right after its rest: x 4 (a site that blocks rather than says
+    # "slow down" blocks for longer; each early return is one more blocked answer)
+    assert rests("cbbb", rate_ban=False) == [1.0, 4.0, 16.0]
     assert rests("bbbcb", rate_ban=False) == [5.0, 10.0, 20.0, 1.0]
     # The site's rest is learned: banned again right after a 1 s rest, the site blocks IPs for longer,
     # so the IP rests 2 s and the site's rest becomes 2 s; a proxy that comes back clean from a rest of

@@ -259,10 +259,12 @@ elseif outcome == 'ban' or outcome == 'dead' then
     local brief = outcome == 'ban' and (kind == 1 or last_answer == 'c' or before ~= nil)
     local base = tonumber(ARGV[11])
     if brief then
-      -- x 2 on repeat; x 4 for an IP that never answered clean on the site (likely blacklisted)
+      -- x 2 on repeat; x 4 for an IP that never answered clean on the site (likely blacklisted), and for a
+      -- block (a 403 after clean answers: a site that blocks rather than says "slow down" blocks for
+      -- longer, often minutes; each return too early is one more blocked answer)
       base = site_rest
       local grow = 2
-      if not lineage then grow = 4 end
+      if not lineage or kind >= 2 then grow = 4 end
       if before and grow * before > base then base = grow * before end
     end
     ban_until, strikes, started = ban(scope, id, ARGV[10], base, tonumber(ARGV[12]),
