@@ -49,7 +49,7 @@ def _urls(n: int) -> list[str]:
 def simulate(store: PoolStore, clock: Clock, at: AutothrottleOptions, *, proxies: int, rule: float,
              latency: float, duration: float, jitter: float, bad: dict[int, float] | None = None,
              seed: int = 7, burst: int = 0, done: Callable[[float], bool] | None = None,
-             retry_after: float | None = None, ban_for: float | None = None, spread: float = 0.0) -> dict:
+             retry_after: float | None = None, ban_for: float | None = None) -> dict:
     """Crawl the simulated site for ``duration`` seconds with as many requests in flight as slots allow.
 
     ``bad``: proxy index -> time (s from the start) from which the site bans that proxy on every request
@@ -60,8 +60,6 @@ def simulate(store: PoolStore, clock: Clock, at: AutothrottleOptions, *, proxies
     clock on a loaded machine needs longer for the same number of answers). ``retry_after``: each ban
     answer says so (seconds): the IP is quarantined that long (a site that bans for minutes).
     ``ban_for``: an IP that broke the rule is refused that long (seconds), without saying so.
-    ``spread``: the opening spread the crawl asks for (the runtime's: the start interval, at most 3 s);
-    0: every proxy's first request at once.
     """
     urls = _urls(proxies)
     store.add_proxies(POOL, urls)
@@ -79,7 +77,7 @@ def simulate(store: PoolStore, clock: Clock, at: AutothrottleOptions, *, proxies
     while clock.time() < t0 + duration:
         wait = 1.0
         while True:
-            got = store.lease(POOL, SITE, ttl=30, spread=spread)
+            got = store.lease(POOL, SITE, ttl=30)
             if isinstance(got, LeaseWait):
                 wait = got.wait
                 break
@@ -178,39 +176,6 @@ def test_a_descent_from_the_polite_start_is_one_proxys_chain_of_steps(fake_redis
     below = next(t for t, iv, _ in run["trace"] if iv <= 0.4)
     assert below < 10.0, below
     assert 0.25 <= run["pace"].interval <= 0.3
-
-
-
-def test_a_scout_proves_the_next_step_beside_the_probe(fake_redis, fake_clock):
-    """With 12 proxies (their first requests spread over the start interval, as a crawl's are), the step
-    below the probe's is tried on another proxy once the probe answered clean 3 times at its own (a
-    scout), as if the probe had proved: 3 s -> 0.75 s and 0.75 s -> 0.19 s are proved side by side, not
-    one after the other. Against a 0.1 s rule the interval is within 1.3 x the rule in under 7 s (one
-    probe at a time: 8.3 s), and stays at or above the rule."""
-    store = PoolStore(fake_redis, namespace="t", host_id="h", bans=BANS)
-    at = AutothrottleOptions(True, start_interval=3.0, min_interval=0.05, max_interval=60.0)
-    run = simulate(store, fake_clock, at, proxies=12, rule=0.1, latency=0.1, duration=12, jitter=0.01,
-                   spread=3.0)
-    trace = run["trace"]
-    first_down = next(t for t, _, event in trace if event == "down")
-    assert len([t for t, _, event in trace if event == "probe" and t < first_down]) >= 2
-    near = next(t for t, iv, _ in trace if iv <= 0.13)
-    assert near < 7.0, near
-    assert 0.1 <= run["pace"].interval <= 0.13
-    assert run["banned"] <= 0.02 * (run["ok"] + run["banned"])
-
-
-def test_scouts_stay_off_the_steps_near_an_interval_known_to_fail(fake_redis, fake_clock):
-    """A slow site (2 s rule) that blocks an IP for 10 minutes at its first early arrival, without saying
-    so: the first descent's probe (0.75 s) fails before it answered clean 3 times, so no scout starts below
-    it, and none runs below a probe near the failure (it would fail too, for nothing): 2 failed probes in
-    20 s, as with one probe at a time, where a scout at every step cost 7."""
-    store = PoolStore(fake_redis, namespace="t", host_id="h", bans=LONG_BANS)
-    at = AutothrottleOptions(True, start_interval=3.0, min_interval=0.05, max_interval=60.0)
-    run = simulate(store, fake_clock, at, proxies=12, rule=2.0, latency=0.1, duration=20, jitter=0.01,
-                   ban_for=600.0, spread=3.0)
-    assert run["pace"].failed <= 2
-    assert run["violations"] <= 2
 
 
 LONG_BANS = BanOptions(ttl=1.0, max_ttl=600.0, jitter=0.0, strike_window=60.0, dead_ttl=1.0)

@@ -95,7 +95,7 @@ COUNTER_FIELDS = (LEASES, OK, ERRORS, BANNED, QUARANTINES, LATENCY, STALE, EXPIR
 #: counts (raises, lowerings, skipped rate bans, floors lowered, failed probes), the pending vote, the probe;
 #: ``xp``: when the hash expires (ms; ``pace_keep`` refreshes its PEXPIRE from it).
 PACE_FIELDS = ("iv", "chg", "eff", "run", "bad", "up", "down", "skip", "forget", "fail", "back", "vote", "probe",
-               "piv", "pat", "pn", "prev", "pend", "rest", "firm", "pls", "xp", "born", "pfc", "pfi", "lo", "sq")
+               "piv", "pat", "pn", "prev", "pend", "rest", "firm", "pls", "xp", "born", "pfc", "pfi", "lo")
 #: Field prefix of a proxy's last answer on the site in a ``PACE`` hash (``c`` clean, ``b`` a ban).
 PACE_PROXY = "p"
 #: Field of a session hash (``SESSION`` key): the id of the proxy the session is bound to.

@@ -22,10 +22,6 @@
 --   pend   ms until which the last lowering stays provisional (see probe_needed)
 --   firm   '1' once the interval in force carried PACE_LONE_RUN clean answers in a row (not provisional):
 --          a raise from it is x PACE_UP_FIRM, from any other x PACE_UP
---   sq     the scouts: probes beside the probe, each at the step below the lowest probe running when it
---          began ('id|piv|pat|pn|pls', ';'-separated; the fields mean what the probe's do). A probe or scout
---          that proves its interval adopts it (those at or above it end, those below go on); one that
---          fails ends those below it; a raise or a lowering undone ends them all
 --   up, down, back, fail, skip, forget   raises, lowerings, lowerings undone, failed probes, rate bans
 --          that changed nothing, floors lowered (counters)
 -- The same hash holds what every mode learns from the site's answers (see site_learn below):
@@ -38,18 +34,9 @@ local PACE_UP = 1.5          -- a raise: interval x 1.5 (capped at the maximum),
 local PACE_UP_FIRM = 1.1     -- ... x 1.1 from a firm interval (PACE_LONE_RUN clean answers in a row)
 local PACE_DOWN = 0.8       -- a probe tries interval x 0.8, never below the floor nor the minimum,
 local PACE_DOWN_FIRST = 0.25  -- ... or x 0.25 while no interval is known to fail (a fast first descent)
-local PACE_CLEAN_RUN = 5     -- clean answers at the pace before a probe starts,
-local PACE_CLEAN_RUN_FIRST = 2  -- ... while no interval is known to fail (the polite start: see next_probe)
--- A pool of at least PACE_SCOUT_POOL proxies runs PACE_SCOUTS scouts beside the probe: each tries the step
--- below the lowest probe running, as if that probe had proved, so a descent's next steps are proved in
--- parallel rather than one after the other (see the 'sq' field).
-local PACE_SCOUT_POOL = 4
-local PACE_SCOUTS = 1
-local PACE_SCOUT_AFTER = 3
+local PACE_CLEAN_RUN = 5     -- clean answers at the pace before a probe starts
 local PACE_PROBE_RUN_FIRST = 3  -- clean answers of the probe proxy at the lower interval that adopt it,
-local PACE_PROBE_RUN = 10       -- ... below PACE_PROBE_FAR x the interval known to fail (near the rule:
--- a stricter test),
-local PACE_PROBE_FAR = 1.5
+local PACE_PROBE_RUN = 10       -- ... once an interval is known to fail (near the rule: a stricter test),
 local PACE_BURST = 2            -- ... and at least 1 + this / (1 - lower / current): a site's limiter may
 local PACE_PROBE_RUN_MAX = 40   -- let a burst through before it refuses (capped at this many answers);
 -- Only a probe answer started within PACE_PROBE_TIGHT x the probe's interval after the probe proxy's
@@ -72,7 +59,7 @@ local function pace_ms(x) return string.format('%.3f', x) end
 -- on every proxy. The rule is at most `iv` (it answers clean), so 1 - lower / iv bounds that term.
 local function probe_needed(lower, iv, bad)
   local needed = PACE_PROBE_RUN
-  if lower >= PACE_PROBE_FAR * bad then needed = PACE_PROBE_RUN_FIRST end  -- (bad 0: nothing failed yet)
+  if bad == 0 then needed = PACE_PROBE_RUN_FIRST end
   local step = 1 - lower / iv
   if step > 0 then
     local burst = math.ceil(1 + PACE_BURST / step)
@@ -132,17 +119,15 @@ end
 -- yet are brought forward by the difference (start + old -> start + new), never before a quarantine or
 -- an overlap floor of theirs, nor before now; held slots are paced by their own release (which reads
 -- the new interval). Without this, after 3 s -> 0.75 s every other proxy still waited out its 3 s.
--- Only for exact intervals (a randomized one's factor is the slot's own, unknown here). The slots of
--- the proxies in `own` (probes and scouts: id -> the interval they were paced with) move by their own
--- difference, if any: those going on below `new` stay.
-local function repace(site, old, new, now, own)
-  if old - new <= 0 then return end
+-- Only for exact intervals (a randomized one's factor is the slot's own, unknown here).
+local function repace(site, old, new, now)
+  local delta = old - new
+  if delta <= 0 then return end
   local due = redis.call('ZRANGEBYSCORE', K_READY, '(' .. istr(now), '+inf', 'WITHSCORES')
   for i = 1, #due, 2 do
     local member, at = due[i], tonumber(due[i + 1])
     local rec = redis.call('HMGET', K_SITE, member, floor_field(member))
-    local delta = (own[id_of(member)] or old) - new
-    if delta > 0 and not live_record(rec[1], now) then
+    if not live_record(rec[1], now) then
       local sooner = at - delta
       if sooner < now then sooner = now end
       sooner = not_before_floor(next_free(site, id_of(member), sooner), rec[2])
@@ -162,20 +147,6 @@ local function pace_release(site, id, start, outcome, rate, start_ms, min_ms, ma
   local firm, pls = s[o + 12] == '1', tonumber(s[o + 13])
   local born, cost = tonumber(s[o + 14]), tonumber(s[o + 15])
   local failed_ip = s[o + 16] or ''
-  local scouts, scouts_moved = {}, false
-  for sid, a, b, c, d in string.gmatch(s[o + 17] or '', '([^|;]+)|([^|;]+)|([^|;]+)|([^|;]+)|([^|;]*)') do
-    scouts[#scouts + 1] = {sid, tonumber(a), tonumber(b), tonumber(c), tonumber(d)}
-  end
-  local function scout_of(pid)
-    for i, sc in ipairs(scouts) do if sc[1] == pid then return i end end
-    return nil
-  end
-  -- keep only the scouts `keep(scout)` says (they are written back at the end)
-  local function keep_scouts(keep)
-    local kept = {}
-    for _, sc in ipairs(scouts) do if keep(sc) then kept[#kept + 1] = sc else scouts_moved = true end end
-    scouts = kept
-  end
   if failed_ip ~= '' then
     -- A failed probe's IP whose quarantine length the site did not say: what it cost is known when it
     -- answers clean on the site again (until then assumed PACE_COST_PRIOR).
@@ -192,19 +163,16 @@ local function pace_release(site, id, start, outcome, rate, start_ms, min_ms, ma
     -- all: nothing came before it), so every answer counts towards the first clean run (eff 0).
     iv, eff, born = start_ms, 0, now
     redis.call('HSET', K, 'iv', pace_ms(iv), 'chg', istr(now), 'eff', '0', 'run', 0, 'bad', 0, 'vote', '',
-      'probe', '', 'born', istr(now), 'sq', '')
-    scouts = {}
+      'probe', '', 'born', istr(now))
   end
   local bounded = iv
   if bounded < min_ms then bounded = min_ms end
   if bounded > max_ms then bounded = max_ms end
   if bounded ~= iv then  -- the bounds were changed in the settings since the value was learned
     redis.call('HSET', K, 'iv', pace_ms(bounded), 'chg', istr(now), 'eff', istr(now + iv), 'run', 0, 'vote', '',
-      'probe', '', 'sq', '')
-    iv, eff, run, vote, probe, scouts = bounded, now + iv, 0, '', '', {}
+      'probe', '')
+    iv, eff, run, vote, probe = bounded, now + iv, 0, '', ''
   end
-  -- a scout whose interval is no longer below the one in force, or that has not concluded in time, ends
-  keep_scouts(function(sc) return sc[2] < iv - 0.01 and now <= sc[3] + math.max(PACE_PROBE_MS, 20 * sc[2]) end)
   if not start then return iv, '', iv end
   local event = ''
   local function change(new, what)
@@ -217,95 +185,27 @@ local function pace_release(site, id, start, outcome, rate, start_ms, min_ms, ma
       before = pace_ms(iv)
       until_ms = now + iv + 2 * probe_needed(new, iv, bad) * new
     end
-    -- a lowering ends the probes at or above it; those below go on (a raise or an undoing ends them all)
-    local keep_probe = what == 'down' and probe ~= '' and piv < new - 0.01
     redis.call('HSET', K, 'iv', pace_ms(new), 'chg', istr(now), 'eff', istr(now + iv), 'run', 0, 'vote', '',
-      'prev', before, 'pend', istr(until_ms), 'firm', '')
-    if not keep_probe then redis.call('HSET', K, 'probe', '') end
-    local own = {}  -- (the intervals the probes and scouts paced their slots with, for repace)
-    if probe ~= '' then own[probe] = piv end
-    for _, sc in ipairs(scouts) do own[sc[1]] = sc[2] end
-    if what == 'down' then
-      keep_scouts(function(sc) return sc[2] < new - 0.01 end)
-    else
-      keep_scouts(function() return false end)
-    end
+      'probe', '', 'prev', before, 'pend', istr(until_ms), 'firm', '')
     redis.call('HINCRBY', K, what, 1)
-    if what == 'down' and exact then repace(site, iv, new, now, own) end
+    if what == 'down' and exact then repace(site, iv, new, now) end
     -- lo: the interval a probe last proved clean (a lowering; or the one a provisional lowering went
     -- back to): where a site group linked through this site starts (store_links.py)
     if what == 'down' or what == 'back' then redis.call('HSET', K, 'lo', pace_ms(new)) end
-    iv, event = new, what
-    if not keep_probe then probe = '' end
-  end
-  -- A failure at `at`: it is the lowest interval known to fail; the probes at or below it end.
-  local function failed(at)
-    if at > bad then
-      bad = at
-      redis.call('HSET', K, 'bad', pace_ms(at))
-    end
-    redis.call('HINCRBY', K, 'fail', 1)
-    local floor = at * (1 + PACE_MARGIN)
-    if probe ~= '' and piv <= floor then
-      redis.call('HSET', K, 'probe', '')
-      probe = ''
-    end
-    keep_scouts(function(sc) return sc[2] > floor end)
-    event = 'fail'
+    iv, event, probe = new, what, ''
   end
   -- This proxy starts trying the next lower interval (next_probe), if there is one worth it and requests
   -- wait for the site's slots (P:waiting:<site>, set by a lease that answered WAIT in the last 6 s): a
   -- lower interval is useless, and untestable, when the crawl does not use the one in force to the full.
-  -- The step tried is the one below the lowest probe or scout running (as if it had proved), else below
-  -- the interval in force. This proxy becomes the probe when there is none, else a scout when the pool is
-  -- large enough for one more (PACE_SCOUT_POOL, PACE_SCOUTS).
   local function try_probe()
-    -- (a scout only once the lowest probe running has PACE_SCOUT_AFTER clean answers at its interval: a
-    -- site may answer a few early arrivals (strikes) before it bans, and a step that fails takes those
-    -- below it along)
-    local ref, proved = iv, true
-    if probe ~= '' then ref, proved = piv, pn >= PACE_SCOUT_AFTER end
-    for _, sc in ipairs(scouts) do if sc[2] < ref then ref, proved = sc[2], sc[4] >= PACE_SCOUT_AFTER end end
-    if not proved then return false end
-    if probe ~= '' and (#scouts >= PACE_SCOUTS or redis.call('HLEN', K_PROXIES) < PACE_SCOUT_POOL) then
-      return false
-    end
-    local lower = next_probe(ref, bad, min_ms, cost, born and now - born)
+    local lower = next_probe(iv, bad, min_ms, cost, born and now - born)
     if not lower or redis.call('EXISTS', K_WAITING) ~= 1 then return false end
-    -- a step below another probe running that is near the interval known to fail would likely fail, and
-    -- often for nothing (below a probe that fails too): scouts are for the far steps
-    if (probe ~= '' or #scouts > 0) and lower < PACE_PROBE_FAR * bad then return false end
-    if probe == '' then
-      redis.call('HSET', K, 'probe', id, 'piv', pace_ms(lower), 'pat', istr(now), 'pn', 0, 'run', 0,
-        'pls', istr(start))
-      probe, piv = id, lower
-    else
-      scouts[#scouts + 1] = {id, lower, now, 0, start}
-      scouts_moved = true
-    end
+    redis.call('HSET', K, 'probe', id, 'piv', pace_ms(lower), 'pat', istr(now), 'pn', 0, 'run', 0,
+      'pls', istr(start))
+    probe, piv = id, lower
     return true
   end
-  local mine = scout_of(id)
-  if mine then
-    -- A scout's answer: like the probe's, at its own interval.
-    local sc = scouts[mine]
-    if outcome == 'ok' then
-      if start >= sc[3] then
-        if sc[5] and start - sc[5] <= sc[2] * PACE_PROBE_TIGHT then sc[4] = sc[4] + 1 end
-        sc[5], scouts_moved = start, true
-        if sc[4] >= probe_needed(sc[2], iv, bad) then
-          table.remove(scouts, mine)
-          change(sc[2], 'down')
-          try_probe()  -- and goes on lower at once, as the probe does
-        end
-      end
-    elseif outcome == 'ban' and rate and start >= sc[3] then
-      failed(sc[2])
-    elseif outcome ~= 'unknown' then
-      table.remove(scouts, mine)
-      scouts_moved = true
-    end
-  elseif probe ~= '' and probe == id then
+  if probe ~= '' and probe == id then
     -- The probe proxy's answer: its uses from the probe's start on are paced by piv.
     if outcome == 'ok' then
       if start >= pat then
@@ -320,7 +220,9 @@ local function pace_release(site, id, start, outcome, rate, start_ms, min_ms, ma
         end
       end
     elseif outcome == 'ban' and rate and start >= pat then
-      failed(piv)
+      redis.call('HSET', K, 'bad', pace_ms(piv), 'probe', '')
+      redis.call('HINCRBY', K, 'fail', 1)
+      probe, bad, event = '', piv, 'fail'
     elseif outcome ~= 'unknown' then  -- another ban, an error, a dead proxy: no verdict on the pace
       redis.call('HSET', K, 'probe', '')
       probe = ''
@@ -340,9 +242,7 @@ local function pace_release(site, id, start, outcome, rate, start_ms, min_ms, ma
       redis.call('HSET', K, 'probe', '')  -- its proxy was removed, or never came back
       probe = ''
     end
-    local clean_run = PACE_CLEAN_RUN
-    if bad == 0 then clean_run = PACE_CLEAN_RUN_FIRST end
-    if probe == '' and (run >= clean_run or prev) and try_probe() then
+    if probe == '' and (run >= PACE_CLEAN_RUN or prev) and try_probe() then
       event = 'probe'
     elseif counted then
       if probe == '' and bad > 0 and run >= PACE_FORGET_RUN then
@@ -359,7 +259,6 @@ local function pace_release(site, id, start, outcome, rate, start_ms, min_ms, ma
         redis.call('HSET', K, 'run', run)
       end
     end
-    if event == '' and counted and probe ~= '' and try_probe() then event = 'probe' end  -- a scout
   elseif outcome == 'ban' and rate then
     local votes = start >= eff and last == 'c'
     if votes and prev then  -- a vote against a lowering still provisional: undo it, no raise
@@ -382,16 +281,7 @@ local function pace_release(site, id, start, outcome, rate, start_ms, min_ms, ma
   -- whether the site taught something worth a week (see PACE_KEEP_MS): an interval other than the one
   -- it started from, or one known to fail
   local learned = bad > 0 or math.abs(iv - start_ms) >= 0.001
-  if scouts_moved then
-    local parts = {}
-    for i, sc in ipairs(scouts) do
-      parts[i] = sc[1] .. '|' .. pace_ms(sc[2]) .. '|' .. istr(sc[3]) .. '|' .. sc[4] .. '|' .. istr(sc[5] or 0)
-    end
-    redis.call('HSET', K, 'sq', table.concat(parts, ';'))
-  end
   if probe ~= '' and probe == id then return piv, event, iv, learned end
-  mine = scout_of(id)
-  if mine then return scouts[mine][2], event, iv, learned end
   return iv, event, iv, learned
 end
 

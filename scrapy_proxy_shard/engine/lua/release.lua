@@ -126,7 +126,7 @@ if ARGV[8] ~= '' then learn_keep = learn_keep + tonumber(ARGV[9]) end
 local taught
 if adaptive then
   taught = redis.call('HMGET', K_PACE, 'p:' .. id, 'rest', 'mg', 'mgs', 'mge', 'mgr', 'mgb', 'xp',
-    'iv', 'eff', 'run', 'bad', 'vote', 'probe', 'piv', 'pat', 'pn', 'prev', 'pend', 'firm', 'pls', 'born', 'pfc', 'pfi', 'sq')
+    'iv', 'eff', 'run', 'bad', 'vote', 'probe', 'piv', 'pat', 'pn', 'prev', 'pend', 'firm', 'pls', 'born', 'pfc', 'pfi')
 else
   taught = redis.call('HMGET', K_PACE, 'p:' .. id, 'rest', 'mg', 'mgs', 'mge', 'mgr', 'mgb', 'xp')
 end
