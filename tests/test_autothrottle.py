@@ -49,7 +49,7 @@ def _urls(n: int) -> list[str]:
 def simulate(store: PoolStore, clock: Clock, at: AutothrottleOptions, *, proxies: int, rule: float,
              latency: float, duration: float, jitter: float, bad: dict[int, float] | None = None,
              seed: int = 7, burst: int = 0, done: Callable[[float], bool] | None = None,
-             retry_after: float | None = None, ban_for: float | None = None) -> dict:
+             retry_after: float | None = None, ban_for: float | None = None, spread: float = 0.0) -> dict:
     """Crawl the simulated site for ``duration`` seconds with as many requests in flight as slots allow.
 
     ``bad``: proxy index -> time (s from the start) from which the site bans that proxy on every request
@@ -60,6 +60,8 @@ def simulate(store: PoolStore, clock: Clock, at: AutothrottleOptions, *, proxies
     clock on a loaded machine needs longer for the same number of answers). ``retry_after``: each ban
     answer says so (seconds): the IP is quarantined that long (a site that bans for minutes).
     ``ban_for``: an IP that broke the rule is refused that long (seconds), without saying so.
+    ``spread``: the opening spread the crawl asks for (the runtime's: the start interval, at most 3 s);
+    0: every proxy's first request at once.
     """
     urls = _urls(proxies)
     store.add_proxies(POOL, urls)
@@ -77,7 +79,7 @@ def simulate(store: PoolStore, clock: Clock, at: AutothrottleOptions, *, proxies
     while clock.time() < t0 + duration:
         wait = 1.0
         while True:
-            got = store.lease(POOL, SITE, ttl=30)
+            got = store.lease(POOL, SITE, ttl=30, spread=spread)
             if isinstance(got, LeaseWait):
                 wait = got.wait
                 break
@@ -176,6 +178,20 @@ def test_a_descent_from_the_polite_start_is_one_proxys_chain_of_steps(fake_redis
     below = next(t for t, iv, _ in run["trace"] if iv <= 0.4)
     assert below < 10.0, below
     assert 0.25 <= run["pace"].interval <= 0.3
+
+
+
+def test_near_the_rule_a_probe_bisects_and_never_tries_the_floor_itself(fake_redis, fake_clock):
+    """Once an interval is known to fail, a probe tries the geometric middle between the interval in force
+    and the floor above the failure, however close the two: a step of 20% at least (probing the floor,
+    5% above an interval that had just failed, whenever the two were close) failed 5 times in 20 s on
+    this site; bisecting, at most 3 times, and the interval still ends within 12% of the rule."""
+    store = PoolStore(fake_redis, namespace="t", host_id="h", bans=BANS)
+    at = AutothrottleOptions(True, start_interval=3.0, min_interval=0.05, max_interval=60.0)
+    run = simulate(store, fake_clock, at, proxies=12, rule=0.25, latency=0.1, duration=20, jitter=0.01,
+                   spread=3.0)
+    assert run["pace"].failed <= 3, run["pace"]
+    assert 0.25 <= run["pace"].interval <= 0.28
 
 
 LONG_BANS = BanOptions(ttl=1.0, max_ttl=600.0, jitter=0.0, strike_window=60.0, dead_ttl=1.0)

@@ -32,8 +32,7 @@
 local PACE_KEEP_MS = 7 * 86400000
 local PACE_UP = 1.5          -- a raise: interval x 1.5 (capped at the maximum),
 local PACE_UP_FIRM = 1.1     -- ... x 1.1 from a firm interval (PACE_LONE_RUN clean answers in a row)
-local PACE_DOWN = 0.8       -- a probe tries interval x 0.8, never below the floor nor the minimum,
-local PACE_DOWN_FIRST = 0.25  -- ... or x 0.25 while no interval is known to fail (a fast first descent)
+local PACE_DOWN_FIRST = 0.25  -- a probe tries interval x 0.25 while no interval is known to fail (see next_probe)
 local PACE_CLEAN_RUN = 5     -- clean answers at the pace before a probe starts
 local PACE_PROBE_RUN_FIRST = 3  -- clean answers of the probe proxy at the lower interval that adopt it,
 local PACE_PROBE_RUN = 10       -- ... once an interval is known to fail (near the rule: a stricter test),
@@ -88,8 +87,9 @@ end
 -- the site's interval by itself.
 -- The interval a probe tries below `iv`, or nil when `iv` is at its floor (max(min, bad + margin)) or
 -- the step is not worth its risk. Nothing failed yet: a long step (x PACE_DOWN_FIRST). Else halfway
--- (geometric) between the interval in force and the floor above the one known to fail, at most x
--- PACE_DOWN: the rule lies between the two, so such a probe fails about half the time, and a failure
+-- (geometric) between the interval in force and the floor above the one known to fail (never the
+-- floor itself when the two are close: it lies just above a failure): the rule lies between the two,
+-- so such a probe fails about half the time, and a failure
 -- costs its IP's quarantine on the site (`cost` ms, what the last failed probe cost: pfc). The probe is
 -- tried when what it would win if it holds outweighs that: every proxy of the pool (its size, read
 -- here) faster by iv / new - 1 for the horizon (as long again as the site has been paced: `age` ms, at
@@ -100,12 +100,8 @@ local function next_probe(iv, bad, min_ms, cost, age)
   local floor = min_ms
   if bad * (1 + PACE_MARGIN) > floor then floor = bad * (1 + PACE_MARGIN) end
   if iv <= floor + 0.01 then return nil end  -- (0.01: iv is kept to 3 decimals)
-  local new = iv * PACE_DOWN
-  if bad == 0 then
-    new = iv * PACE_DOWN_FIRST
-  elseif math.sqrt(iv * floor) < new then
-    new = math.sqrt(iv * floor)
-  end
+  local new = math.sqrt(iv * floor)
+  if bad == 0 then new = iv * PACE_DOWN_FIRST end
   if new < floor then new = floor end
   if bad > 0 and cost and cost > 0 then
     local horizon = age
