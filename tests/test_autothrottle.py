@@ -180,7 +180,6 @@ def test_a_descent_from_the_polite_start_is_one_proxys_chain_of_steps(fake_redis
     assert 0.25 <= run["pace"].interval <= 0.3
 
 
-
 def test_near_the_rule_a_probe_bisects_and_never_tries_the_floor_itself(fake_redis, fake_clock):
     """Once an interval is known to fail, a probe tries the geometric middle between the interval in force
     and the floor above the failure, however close the two: a step of 20% at least (probing the floor,

@@ -100,8 +100,8 @@ local function next_probe(iv, bad, min_ms, cost, age)
   local floor = min_ms
   if bad * (1 + PACE_MARGIN) > floor then floor = bad * (1 + PACE_MARGIN) end
   if iv <= floor + 0.01 then return nil end  -- (0.01: iv is kept to 3 decimals)
-  local new = math.sqrt(iv * floor)
-  if bad == 0 then new = iv * PACE_DOWN_FIRST end
+  local new = iv * PACE_DOWN_FIRST
+  if bad > 0 then new = math.sqrt(iv * floor) end
   if new < floor then new = floor end
   if bad > 0 and cost and cost > 0 then
     local horizon = age
