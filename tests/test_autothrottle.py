@@ -49,7 +49,8 @@ def _urls(n: int) -> list[str]:
 def simulate(store: PoolStore, clock: Clock, at: AutothrottleOptions, *, proxies: int, rule: float,
              latency: float, duration: float, jitter: float, bad: dict[int, float] | None = None,
              seed: int = 7, burst: int = 0, done: Callable[[float], bool] | None = None,
-             retry_after: float | None = None, ban_for: float | None = None, spread: float = 0.0) -> dict:
+             retry_after: float | None = None, ban_for: float | None = None, spread: float = 0.0,
+             overlap: int | None = None, latency_var: float = 0.0) -> dict:
     """Crawl the simulated site for ``duration`` seconds with as many requests in flight as slots allow.
 
     ``bad``: proxy index -> time (s from the start) from which the site bans that proxy on every request
@@ -61,7 +62,10 @@ def simulate(store: PoolStore, clock: Clock, at: AutothrottleOptions, *, proxies
     answer says so (seconds): the IP is quarantined that long (a site that bans for minutes).
     ``ban_for``: an IP that broke the rule is refused that long (seconds), without saying so.
     ``spread``: the opening spread the crawl asks for (the runtime's: the start interval, at most 3 s);
-    0: every proxy's first request at once.
+    0: every proxy's first request at once. ``overlap``: the site also bans a request that finds this many
+    of its IP's requests in flight (None: any number; ``crowded`` counts those bans), and ``latency``
+    may then exceed ``rule`` (answers outlast the interval: one slot per IP leaves it idle).
+    ``latency_var``: each answer takes ``latency`` x (1 +- up to this), uniformly.
     """
     urls = _urls(proxies)
     store.add_proxies(POOL, urls)
@@ -72,10 +76,12 @@ def simulate(store: PoolStore, clock: Clock, at: AutothrottleOptions, *, proxies
     excess_of: dict[str, float] = {}
     banned_until: dict[str, float] = {}
     inflight: list = []
+    busy: dict[str, int] = {}  # requests in flight per IP
+    most_busy = 0
     seq = 0
     t0 = clock.time()
     trace: list[tuple[float, float, str]] = []
-    ok = banned = violations = 0
+    ok = banned = violations = crowded = 0
     while clock.time() < t0 + duration:
         wait = 1.0
         while True:
@@ -99,14 +105,20 @@ def simulate(store: PoolStore, clock: Clock, at: AutothrottleOptions, *, proxies
                 burnt = burnt or seen < banned_until.get(got.proxy_id, 0.0)
                 if too_fast and not burnt:
                     banned_until[got.proxy_id] = seen + ban_for
+            crowd = overlap is not None and busy.get(got.proxy_id, 0) >= overlap
+            busy[got.proxy_id] = busy.get(got.proxy_id, 0) + 1
+            most_busy = max(most_busy, busy[got.proxy_id])
             seq += 1
-            heapq.heappush(inflight, (got.issued_at + latency, seq, got, too_fast, burnt))
+            took = latency * (1 + latency_var * (2 * rng.random() - 1)) if latency_var else latency
+            heapq.heappush(inflight, (got.issued_at + took, seq, got, too_fast, burnt or crowd, crowd))
         next_at = min(inflight[0][0] if inflight else float("inf"), clock.time() + wait)
         clock.sleep(next_at - clock.time() + 0.0005)
         while inflight and inflight[0][0] <= clock.time():
-            _, _, lease, too_fast, burnt = heapq.heappop(inflight)
+            _, _, lease, too_fast, burnt, crowd = heapq.heappop(inflight)
+            busy[lease.proxy_id] -= 1
             ban = too_fast or burnt
             violations += too_fast
+            crowded += crowd
             result = store.release(lease, outcome="ban" if ban else "ok", reason="http_429" if ban else None,
                                    autothrottle=at, rate_ban=ban, retry_after=retry_after if ban else None)
             ok += not ban
@@ -114,8 +126,8 @@ def simulate(store: PoolStore, clock: Clock, at: AutothrottleOptions, *, proxies
             trace.append((clock.time() - t0, result.interval, result.pace_event))
             if done is not None and done(result.interval):
                 duration = 0.0
-    return {"trace": trace, "ok": ok, "banned": banned, "violations": violations,
-            "pace": store.paces(POOL)[SITE]}
+    return {"trace": trace, "ok": ok, "banned": banned, "violations": violations, "crowded": crowded,
+            "most_busy": most_busy, "pace": store.paces(POOL)[SITE]}
 
 
 def _between(trace, start, end):
@@ -545,3 +557,52 @@ def test_a_rate_ban_after_a_clean_answer_rests_the_ip_from_the_first_strike(fake
     # T sets it to 0.9 x T at most, never below AUTOTHROTTLE_BAN_TTL.
     assert rests("cbbcbcbcb") == [1.0, 2.0, 1.8, 1.62, 1.458]
     assert rests("cbbcbcbcbcbcbcbcbcbcb")[-4:] == [1.062, 1.0, 1.0, 1.0]  # 2 x 0.9^6, then the floor
+
+
+# --- requests in flight per IP (conc_release in engine/lua/_pace.lua) --------------------------------------
+
+def _late_rate(trace, start: float, end: float) -> float:
+    """Answers per second between ``start`` and ``end`` (s from the run's start)."""
+    return sum(1 for t, _, _ in trace if start <= t < end) / (end - start)
+
+
+def test_a_site_whose_answers_outlast_its_interval_learns_two_requests_in_flight_per_ip(fake_redis, fake_clock):
+    """Answers take 0.25 s on a 0.1 s rule: one slot per IP leaves each IP idle 60% of the interval's
+    capacity. The site tolerates two requests in flight per IP: one proxy tries two, its overlapped
+    answers are clean, and every proxy gets a second slot, each IP's starts still the rule apart (no
+    early arrival) and never more than two in flight."""
+    store = PoolStore(fake_redis, namespace="t", host_id="h", bans=BANS)
+    at = AutothrottleOptions(True, start_interval=0.5, min_interval=0.02, max_interval=5.0)
+    run = simulate(store, fake_clock, at, proxies=4, rule=0.1, latency=0.25, duration=60, jitter=0.0, overlap=2,
+                   latency_var=0.4)
+    assert run["pace"].per_ip == 2, run["pace"]
+    events = [e for _, _, e in run["trace"]]
+    assert events.count("conc_probe") == 1 and events.count("conc_up") == 1
+    assert run["violations"] == 0 and run["crowded"] == 0 and run["most_busy"] == 2
+    # one slot per IP serves 4 / 0.25 = 16 answers/s here; two, up to the rule's 40
+    assert _late_rate(run["trace"], 40, 60) >= 1.6 * 16
+
+
+def test_a_site_that_bans_a_second_request_in_flight_costs_one_ban_and_keeps_one_slot(fake_redis, fake_clock):
+    """The same site, but it bans a second request in flight from one IP: the one proxy trying two meets
+    a ban (two at most: its other request in flight meanwhile), the site keeps one slot per IP (never
+    tried again), and those bans are no votes on the interval."""
+    store = PoolStore(fake_redis, namespace="t", host_id="h", bans=BANS)
+    at = AutothrottleOptions(True, start_interval=0.5, min_interval=0.02, max_interval=5.0)
+    run = simulate(store, fake_clock, at, proxies=4, rule=0.1, latency=0.25, duration=60, jitter=0.0, overlap=1,
+                   latency_var=0.4)
+    pace = run["pace"]
+    assert pace.per_ip == 1 and pace.per_ip_probe is None, pace
+    assert 1 <= run["crowded"] <= 2 and run["violations"] == 0
+    assert pace.raised == pace.undone == pace.skipped == 0
+    assert _late_rate(run["trace"], 40, 60) >= 0.9 * 16
+
+
+def test_answers_quicker_than_the_interval_never_try_two_in_flight(fake_redis, fake_clock):
+    """Answers that take less than the interval: a second slot would win nothing, so no proxy tries one
+    (on a site that would ban it)."""
+    store = PoolStore(fake_redis, namespace="t", host_id="h", bans=BANS)
+    at = AutothrottleOptions(True, start_interval=0.5, min_interval=0.02, max_interval=5.0)
+    run = simulate(store, fake_clock, at, proxies=4, rule=0.1, latency=0.05, duration=60, jitter=0.0, overlap=1,
+                   latency_var=0.4)
+    assert run["crowded"] == 0 and run["pace"].per_ip is None

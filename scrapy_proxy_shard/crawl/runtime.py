@@ -55,6 +55,16 @@ logger = logging.getLogger(__name__)
 #: 20 ms; docs/pacing.md), so a jitter of a few ms does not cost the first IPs; it decays when unneeded.
 MARGIN_PRIOR = 0.03
 
+#: The log line of each step of a site's learned requests in flight per IP (conc_release in
+#: engine/lua/_pace.lua; docs/pacing.md).
+CONC_EVENTS = {
+    "conc_probe": "proxy_shard: adaptive pacing: %(site)s answers outlast its interval: proxy %(proxy)s tries "
+                  "two requests in flight",
+    "conc_up": "proxy_shard: adaptive pacing: %(site)s answered two requests in flight per IP clean: every "
+               "proxy now has two slots there, for every host",
+    "conc_fail": "proxy_shard: adaptive pacing: %(site)s refused two requests in flight on proxy %(proxy)s "
+                 "(%(reason)s): one per IP",
+}
 #: Longest single block on a site's freed list; kept below the Redis client's socket timeout.
 MAX_BLOCK = 2.0
 #: The longest a site spreads its proxies' first requests over (seconds; the adaptive start interval's
@@ -468,6 +478,8 @@ class ShardRuntime:
             logger.info("proxy_shard: adaptive pacing: %(site)s interval raised to %(iv).3fs for every host "
                         "(%(reason)s on proxy %(proxy)s)",
                         {"site": site, "iv": result.interval, "reason": reason, "proxy": lease.proxy_id})
+        elif result.pace_event in CONC_EVENTS:
+            logger.info(CONC_EVENTS[result.pace_event], {"site": site, "proxy": lease.proxy_id, "reason": reason})
 
     # --- leasing -------------------------------------------------------------------------------
     def lease_of(self, request: Request) -> Lease | None:

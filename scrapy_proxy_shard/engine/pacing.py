@@ -32,7 +32,9 @@ class PaceState:
     to fail (None before any), lowering stops 5% above it; ``raised``, ``lowered``, ``skipped`` (rate
     bans that changed nothing), ``forgotten`` (floors lowered), ``failed`` (probes that met a rate ban),
     ``undone`` (provisional lowerings undone by a rate ban): counts; ``probe``/``probe_interval``: the
-    proxy trying a lower interval now, and that interval.
+    proxy trying a lower interval now, and that interval; ``per_ip``: requests in flight per IP the site
+    was found to allow (2 proved clean, 1 a second one met a ban; None before any verdict) and
+    ``per_ip_probe``: the proxy trying two now (``conc_release`` in engine/lua/_pace.lua).
     """
 
     site: str
@@ -48,3 +50,5 @@ class PaceState:
     undone: int
     probe: str | None = None
     probe_interval: float | None = None
+    per_ip: int | None = None
+    per_ip_probe: str | None = None

@@ -93,9 +93,11 @@ COUNTER_FIELDS = (LEASES, OK, ERRORS, BANNED, QUARANTINES, LATENCY, STALE, EXPIR
 #: Fields of a site's ``PACE`` hash (``pace_release`` in lua/_pace.lua), besides ``p:<proxy id>``: the interval
 #: in force (ms), its last change, from when starts follow it, the clean run, the lowest interval known to fail,
 #: counts (raises, lowerings, skipped rate bans, floors lowered, failed probes), the pending vote, the probe;
-#: ``xp``: when the hash expires (ms; ``pace_keep`` refreshes its PEXPIRE from it).
+#: ``xp``: when the hash expires (ms; ``pace_keep`` refreshes its PEXPIRE from it); ``cc``...: requests in
+#: flight per IP (``conc_release``).
 PACE_FIELDS = ("iv", "chg", "eff", "run", "bad", "up", "down", "skip", "forget", "fail", "back", "vote", "probe",
-               "piv", "pat", "pn", "prev", "pend", "rest", "firm", "pls", "xp", "born", "pfc", "pfi", "lo")
+               "piv", "pat", "pn", "prev", "pend", "rest", "firm", "pls", "xp", "born", "pfc", "pfi", "lo",
+               "cc", "bz", "ccp", "cct", "ccn", "cce")
 #: Field prefix of a proxy's last answer on the site in a ``PACE`` hash (``c`` clean, ``b`` a ban).
 PACE_PROXY = "p"
 #: Field of a session hash (``SESSION`` key): the id of the proxy the session is bound to.

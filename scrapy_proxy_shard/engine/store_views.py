@@ -147,7 +147,9 @@ class _Views:
             out[site] = PaceState(site, float(row["iv"]) / 1000, int(row.get("chg") or 0) / 1000,
                                   bad / 1000 if bad > 0 else None, int(row.get("run") or 0),
                                   *(int(row.get(name) or 0) for name in keys.PACE_FIELDS[5:11]),
-                                  row.get("probe") or None, float(row.get("piv") or 0) / 1000 or None)
+                                  row.get("probe") or None, float(row.get("piv") or 0) / 1000 or None,
+                                  int(row["cc"]) if row.get("cc") else None,
+                                  None if row.get("cc") else row.get("ccp") or None)
         return out
 
     def pool_status(self, pool: str, site: str, *, detail: bool = False, chunk: int = 256):

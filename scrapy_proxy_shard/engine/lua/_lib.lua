@@ -225,6 +225,11 @@ end
 local function held_with(value, token)
   return value ~= nil and value ~= false and string.sub(value, 1, #token + 1) == token .. '|'
 end
+-- The start (ms) of the use a held record records, or nil.
+local function lease_start(value)
+  if not value then return nil end
+  return tonumber(string.match(value, '^[^|]*|[^|]*|(%d+)|'))
+end
 -- The host and session id of a record.
 local function held_by(value)
   local host, sid = string.match(value, '^[^|]*|([^|]*)|[^|]*|[^|]*|(.*)$')
@@ -292,6 +297,15 @@ local function blocked_until(site, id)
   return a
 end
 
+-- Several slots per proxy on a site (its 'c' > 1): the site counts arrivals per IP, so a lease of one
+-- slot keeps the proxy's other slots at least the site's spacing (ms, under IP_SPACING, the interval
+-- the last release paced with) after its start, and the start is kept under ip_field(id) for the
+-- release of a slot that was in flight meanwhile (release.lua).
+local IP_SPACING = '@iv'
+local function ip_field(id)
+  return '@' .. id
+end
+
 -- Sites learn the pool lazily, so no call costs sites x proxies: P:order numbers every proxy by
 -- when it was added (P:meta seq is the last number given out); a site's hash P:site:<site> holds its
 -- slots per proxy (c) and the number up to which it has taken proxies into its ready ZSET (seq).
@@ -329,6 +343,18 @@ local function learn(site, c, seq, pool_seq, now, spread, ph)
       local part = redis.call('HMGET', K_SITE, unpack(members, j, math.min(j + 1999, #members)))
       for n, v in ipairs(part) do held[j + n - 1] = v end
     end
+    -- Several slots per proxy: a slot k >= 1 of a proxy whose first slot is known (the site's slots
+    -- per proxy were raised: learned concurrency, see conc_release in _pace.lua) is free no sooner than
+    -- that slot's live use's start + the site's spacing, or when it is not in use, than that slot (its
+    -- ready score: its pacing and quarantines): the site counts arrivals per IP, and the new slot must
+    -- not add one too soon.
+    local first, spacing = {}, 0
+    if c > 1 then
+      local heads = {}
+      for i = 1, #got, 2 do heads[#heads + 1] = got[i] .. '/0' end
+      first = redis.call('ZMSCORE', K_READY, unpack(heads))
+      spacing = tonumber(redis.call('HGET', K_SITE, IP_SPACING)) or 0
+    end
     local batch, slot = {}, 0
     for i = 1, #got, 2 do
       local id = got[i]
@@ -340,11 +366,21 @@ local function learn(site, c, seq, pool_seq, now, spread, ph)
         local u = entry_until(entry)
         if u > free_at then free_at = u end
       end
+      local head = slot + 1  -- the proxy's first slot's index in members/held
+      local head_at = tonumber(first[(i + 1) / 2])
+      local head_start = lease_start(live_record(held[head], now))
       for k = 0, c - 1 do
         slot = slot + 1
         local at = free_at
         local until_ms = held_until(held[slot])
         if until_ms > at then at = until_ms end
+        if k > 0 then  -- (a held first slot's score is its lease's expiry: its start counts instead)
+          if head_start then
+            if head_start + spacing > at then at = head_start + spacing end
+          elseif head_at and head_at > at then
+            at = head_at
+          end
+        end
         batch[#batch + 1] = at
         batch[#batch + 1] = id .. '/' .. k
         if #batch >= 2000 then  -- flushed inside the slot loop: unpack stays far below LUAI_MAXCSTACK
@@ -536,15 +572,6 @@ local function ban(scope, id, reason, base_ms, max_ms, jitter, window_ms, now, f
   return until_ms, strikes, 1
 end
 
--- Several slots per proxy on a site (its 'c' > 1): the site counts arrivals per IP, so a lease of one
--- slot keeps the proxy's other slots at least the site's spacing (ms, under IP_SPACING, the interval
--- the last release paced with) after its start, and the start is kept under ip_field(id) for the
--- release of a slot that was in flight meanwhile (release.lua).
-local IP_SPACING = '@iv'
-local function ip_field(id)
-  return '@' .. id
-end
-
 -- An overlap floor: hold.lua found a slot held in Redis by one lease while another host's local
 -- fallback lease of it was in flight (the overlap happened during the outage). Nobody else may be
 -- handed the slot before that local lease ends, even when the Redis holder gives it back sooner:
@@ -599,12 +626,6 @@ local function slot_free_at(site, id, member, now)
   local held = held_until(rec[1])
   if held > at then at = held end
   return not_before_floor(at, rec[2])
-end
-
--- The start (ms) of the use a held record records, or nil.
-local function lease_start(value)
-  if not value then return nil end
-  return tonumber(string.match(value, '^[^|]*|[^|]*|(%d+)|'))
 end
 
 -- The pacing law (start-to-start, the gap a site's rate limit counts): a slot whose use started at

@@ -48,6 +48,7 @@ local PACE_FORGET_RUN = 1000
 local PACE_FORGET = 0.95
 local PACE_HORIZON_MIN = 30000  -- ms: the least a probe's gain is counted over (see next_probe)
 local PACE_COST_PRIOR = 60000   -- ms: what a failed probe is assumed to cost while its ban's length is unknown
+local PACE_BUSY_EWMA = 0.1      -- weight of a clean answer's slot time in bz
 
 local function pace_ms(x) return string.format('%.3f', x) end
 
@@ -132,10 +133,10 @@ local function repace(site, old, new, now)
   end
 end
 
-local function pace_release(site, id, start, outcome, rate, start_ms, min_ms, max_ms, last, now, s, o, exact)
+local function pace_release(site, id, start, outcome, rate, start_ms, min_ms, max_ms, last, now, s, o, exact, slots)
   local K = K_PACE
   -- s: the hash's fields read by the caller, from s[o + 1]: iv eff run bad vote probe piv pat pn prev pend
-  -- firm pls (release.lua reads them with site_learn's in one HMGET)
+  -- firm pls born pfc pfi, then conc_release's (release.lua reads them with site_learn's in one HMGET)
   local iv, eff = tonumber(s[o + 1]), tonumber(s[o + 2])
   local run, bad, vote = tonumber(s[o + 3]) or 0, tonumber(s[o + 4]) or 0, s[o + 5] or ''
   local probe, piv, pat, pn = s[o + 6] or '', tonumber(s[o + 7]) or 0, tonumber(s[o + 8]) or 0, tonumber(s[o + 9]) or 0
@@ -143,6 +144,10 @@ local function pace_release(site, id, start, outcome, rate, start_ms, min_ms, ma
   local firm, pls = s[o + 12] == '1', tonumber(s[o + 13])
   local born, cost = tonumber(s[o + 14]), tonumber(s[o + 15])
   local failed_ip = s[o + 16] or ''
+  -- bz: how long the site's answers hold a slot (ms, EWMA over clean answers of the use's start to its
+  -- release); a probe proves only gaps its proxy can keep (see try_probe)
+  local bz = tonumber(s[o + 18])
+  local two = nil  -- the interval a probe would try if the site allowed two requests in flight per IP
   if failed_ip ~= '' then
     -- A failed probe's IP whose quarantine length the site did not say: what it cost is known when it
     -- answers clean on the site again (until then assumed PACE_COST_PRIOR).
@@ -193,8 +198,21 @@ local function pace_release(site, id, start, outcome, rate, start_ms, min_ms, ma
   -- This proxy starts trying the next lower interval (next_probe), if there is one worth it and requests
   -- wait for the site's slots (P:waiting:<site>, set by a lease that answered WAIT in the last 6 s): a
   -- lower interval is useless, and untestable, when the crawl does not use the one in force to the full.
+  -- A probe proves only the gaps its proxy can keep: answers that hold a slot bz ms free its slots
+  -- every bz / slots ms at best, so a probe tries no lower than that. With one slot per IP and the
+  -- interval already there, the next step needs two requests in flight per IP: `two` asks
+  -- conc_release to try them (the site's verdict cc not given yet, nobody trying).
   local function try_probe()
-    local lower = next_probe(iv, bad, min_ms, cost, born and now - born)
+    if s[o + 19] == id then return false end  -- (ccp: it is trying two slots, see conc_release)
+    local testable = (bz or 0) / slots
+    local floor = min_ms
+    if testable > floor then floor = testable end
+    local lower = next_probe(iv, bad, floor, cost, born and now - born)
+    if not lower and slots == 1 and testable >= iv * (1 - PACE_MARGIN) and (s[o + 17] or '') == ''
+        and (s[o + 19] or '') == '' then
+      -- the IP waits on its answers: two slots would run it at the next step, or at iv itself
+      two = next_probe(iv, bad, min_ms, cost, born and now - born) or iv
+    end
     if not lower or redis.call('EXISTS', K_WAITING) ~= 1 then return false end
     redis.call('HSET', K, 'probe', id, 'piv', pace_ms(lower), 'pat', istr(now), 'pn', 0, 'run', 0,
       'pls', istr(start))
@@ -229,6 +247,8 @@ local function pace_release(site, id, start, outcome, rate, start_ms, min_ms, ma
     local counted = start >= eff
     if counted then
       run = run + 1
+      local busy = now - start
+      if not bz then bz = busy else bz = bz + PACE_BUSY_EWMA * (busy - bz) end
       if not firm and not prev and run >= PACE_LONE_RUN then
         redis.call('HSET', K, 'firm', '1')  -- a long clean run: failures here are marginal (see 'up')
         firm = true
@@ -247,12 +267,12 @@ local function pace_release(site, id, start, outcome, rate, start_ms, min_ms, ma
         event = 'forget'
       elseif (vote ~= '' or (prev and now >= pend)) and run >= PACE_LONE_RUN then
         if prev and now >= pend then
-          redis.call('HSET', K, 'run', run, 'vote', '', 'prev', '')
+          redis.call('HSET', K, 'run', run, 'vote', '', 'prev', '', 'bz', pace_ms(bz))
         else
-          redis.call('HSET', K, 'run', run, 'vote', '')
+          redis.call('HSET', K, 'run', run, 'vote', '', 'bz', pace_ms(bz))
         end
       else
-        redis.call('HSET', K, 'run', run)
+        redis.call('HSET', K, 'run', run, 'bz', pace_ms(bz))
       end
     end
   elseif outcome == 'ban' and rate then
@@ -277,8 +297,100 @@ local function pace_release(site, id, start, outcome, rate, start_ms, min_ms, ma
   -- whether the site taught something worth a week (see PACE_KEEP_MS): an interval other than the one
   -- it started from, or one known to fail
   local learned = bad > 0 or math.abs(iv - start_ms) >= 0.001
-  if probe ~= '' and probe == id then return piv, event, iv, learned end
-  return iv, event, iv, learned
+  if probe ~= '' and probe == id then return piv, event, iv, learned, two end
+  return iv, event, iv, learned, two
+end
+
+-- ==== Learned concurrency: requests in flight per IP (adaptive pacing; docs/pacing.md) ====
+-- A site whose answers hold a slot longer than its interval keeps each IP waiting on answers, not on
+-- the interval, and probes cannot go lower with one slot per IP (they prove only gaps their proxy can
+-- keep: see try_probe). If the site tolerates two requests in flight per IP, two slots per proxy let
+-- the descent go on. In P:pace:<site>:
+--   cc   the verdict: '' none yet, '2' two requests in flight per IP proved clean (the site's slots per
+--        proxy are 2: its hash's c), '1' a second request in flight met a ban (not tried again while the
+--        pace hash lives)
+--   bz   how long answers hold a slot, ms (pace_release)
+--   ccp  the proxy trying two slots ('' none), cct when it began (ms), ccn its clean answers to requests
+--        that overlapped its other slot's (that slot's record still live at the release); after a '1',
+--        ccp stays and cce is when it ended: the bans of its requests started before are no votes
+-- The probe is weighed like an interval probe (next_probe): it starts when every proxy of the pool
+-- faster by max(iv, bz) / max(the wanted step, bz / 2) - 1 for the horizon outweighs one IP's quarantine (the
+-- cost a failed interval probe showed, PACE_COST_PRIOR until one did), and only while requests wait for
+-- the site's slots. While it runs the site's c is 2 with one proxy holding a second slot: leases keep
+-- the IP's two starts the interval apart (lease.lua, ip_field), so it tests overlap, not a faster pace.
+-- A ban of the probe proxy ends it ('1') and is no vote on the interval (release.lua); CC_RUN
+-- overlapped clean answers give every proxy two slots (the site relearns the pool: learn() spaces
+-- each new slot from its first).
+local CC_RUN = 8
+local CC_PROBE_MS = 60000  -- a probe not concluded after max(this, 40 x the interval) is dropped
+
+-- The concurrency step of one answer (release.lua, after pace_release): returns '' or the event
+-- 'conc_probe', 'conc_up' or 'conc_fail'. `s`: the pace hash fields the release read, cc bz ccp cct ccn
+-- from s[o + 1]; `iv` the interval in force (ms), `c` the site's slots per proxy as the release read
+-- them; `two`: the step pace_release wanted and one slot could not test (nil: none); `may_probe`: this
+-- proxy is not the interval probe's; `cost`/`age` as for next_probe.
+local function conc_release(id, member, start, outcome, iv, c, now, s, o, two, may_probe, cost, age)
+  local cc, bz, ccp = s[o + 1] or '', tonumber(s[o + 2]) or 0, s[o + 3] or ''
+  local cct, ccn = tonumber(s[o + 4]) or 0, tonumber(s[o + 5]) or 0
+  local spacing = istr(math.ceil(iv))
+  if cc == '2' then
+    if c < 2 then  -- the site's state was built again (idle, a new group) with the caller's one slot
+      redis.call('HSET', K_SITE, 'c', 2, 'seq', 0, IP_SPACING, spacing)
+    end
+    return ''
+  end
+  if cc == '1' then return '' end
+  if ccp ~= '' then
+    local function drop(verdict)
+      redis.call('ZREM', K_READY, ccp .. '/1')
+      redis.call('HSET', K_SITE, 'c', 1)
+      if verdict == '1' then  -- ccp stays: its requests in flight meanwhile are no votes either (release.lua)
+        redis.call('HSET', K_PACE, 'cc', '1', 'cce', istr(now))
+      else
+        redis.call('HSET', K_PACE, 'ccp', '')
+      end
+    end
+    if ccp == id and start and start >= cct then
+      if outcome == 'ok' then
+        local other = id .. '/1'
+        if string.sub(member, -2) == '/1' then other = id .. '/0' end
+        if live_record(redis.call('HGET', K_SITE, other), now) then
+          if ccn + 1 >= CC_RUN then
+            redis.call('HSET', K_SITE, 'seq', 0, IP_SPACING, spacing)  -- learn() adds every second slot
+            redis.call('HSET', K_PACE, 'cc', '2', 'ccp', '')
+            return 'conc_up'
+          end
+          redis.call('HSET', K_PACE, 'ccn', ccn + 1)
+        end
+      elseif outcome == 'ban' then
+        drop('1')
+        return 'conc_fail'
+      elseif outcome ~= 'unknown' then  -- an error, a dead proxy: no verdict
+        drop('')
+      end
+    elseif now > cct + math.max(CC_PROBE_MS, 40 * iv) then
+      drop('')  -- its proxy was removed, quarantined or never overlapped
+    end
+    return ''
+  end
+  if not two or not start or c > 1 or not may_probe then return '' end
+  -- one slot per IP runs it every max(iv, bz) ms; two, every max(step, bz / 2)
+  local step = two
+  if bz / 2 > step then step = bz / 2 end
+  local now_gap = iv
+  if bz > now_gap then now_gap = bz end
+  local horizon = age
+  if not horizon or horizon < PACE_HORIZON_MIN then horizon = PACE_HORIZON_MIN end
+  if redis.call('HLEN', K_PROXIES) * (now_gap / step - 1) * horizon < cost
+      or redis.call('EXISTS', K_WAITING) ~= 1 then
+    return ''
+  end
+  local at = start + iv
+  if at < now then at = now end
+  redis.call('HSET', K_SITE, 'c', 2, IP_SPACING, spacing, ip_field(id), istr(start))
+  redis.call('ZADD', K_READY, 'NX', at, id .. '/1')
+  redis.call('HSET', K_PACE, 'ccp', id, 'cct', istr(now), 'ccn', 0)
+  return 'conc_probe'
 end
 
 -- ==== What every mode learns from a site's answers (release.lua, before pacing; docs/pacing.md) ====

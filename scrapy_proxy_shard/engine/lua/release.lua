@@ -126,7 +126,8 @@ if ARGV[8] ~= '' then learn_keep = learn_keep + tonumber(ARGV[9]) end
 local taught
 if adaptive then
   taught = redis.call('HMGET', K_PACE, 'p:' .. id, 'rest', 'mg', 'mgs', 'mge', 'mgr', 'mgb', 'xp',
-    'iv', 'eff', 'run', 'bad', 'vote', 'probe', 'piv', 'pat', 'pn', 'prev', 'pend', 'firm', 'pls', 'born', 'pfc', 'pfi')
+    'iv', 'eff', 'run', 'bad', 'vote', 'probe', 'piv', 'pat', 'pn', 'prev', 'pend', 'firm', 'pls', 'born', 'pfc', 'pfi',
+    'cc', 'bz', 'ccp', 'cct', 'ccn', 'cce')
 else
   taught = redis.call('HMGET', K_PACE, 'p:' .. id, 'rest', 'mg', 'mgs', 'mge', 'mgr', 'mgb', 'xp')
 end
@@ -134,13 +135,27 @@ local last_answer, site_rest, margin, margin_event, pace_wrote = site_learn(site
   kind, tonumber(ARGV[25]), fixed, tonumber(ARGV[29]) or 0, now, taught)
 local pace_iv, pace_event = '', ''
 if adaptive then
-  --@lazy pace_release
-  -- a vote against the pace: a rate-type ban, or a block right after a clean answer
+  --@lazy pace_release conc_release
+  -- a vote against the pace: a rate-type ban, or a block right after a clean answer; not a ban of the
+  -- proxy trying two slots, to a request started while it did (conc_release: it tests overlap, not the
+  -- pace; cce: when a ban ended that)
   local rate = kind == 1 or (kind >= 2 and last_answer == 'c')
+  if taught[27] == id and answer_start and answer_start >= (tonumber(taught[28]) or 0)
+      and answer_start < (tonumber(taught[30]) or math.huge) then
+    rate = false
+  end
   local paced, learned
-  local kept
-  paced, pace_event, learned, kept = pace_release(site, id, answer_start, outcome, rate,
-    tonumber(ARGV[20]), tonumber(ARGV[21]), tonumber(ARGV[22]), last_answer, now, taught, 8, tonumber(ARGV[23]) == 1)
+  local kept, two
+  local slots = tonumber(held_now[3]) or 1
+  local pace_slots = slots  -- (one while a proxy tries two: the others' probes test one slot's gaps)
+  if taught[27] and taught[27] ~= '' and taught[25] ~= '1' then pace_slots = 1 end
+  paced, pace_event, learned, kept, two = pace_release(site, id, answer_start, outcome, rate,
+    tonumber(ARGV[20]), tonumber(ARGV[21]), tonumber(ARGV[22]), last_answer, now, taught, 8, tonumber(ARGV[23]) == 1,
+    pace_slots)
+  local born = tonumber(taught[22])
+  local conc_event = conc_release(id, member, answer_start, outcome, learned, slots, now, taught, 24, two,
+    taught[14] ~= id and pace_event ~= 'probe', tonumber(taught[23]) or PACE_COST_PRIOR, born and now - born)
+  if pace_event == '' then pace_event = conc_event end
   interval = math.floor(paced * tonumber(ARGV[23]) + 0.5)
   pace_iv = pace_ms(learned)
   -- a learned pace outlives restarts, not a dead site; one that learned nothing goes with the site
