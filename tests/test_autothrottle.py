@@ -547,11 +547,12 @@ def test_a_rate_ban_after_a_clean_answer_rests_the_ip_from_the_first_strike(fake
     # a 429 on first contact: brief, x 4 on repeat (the IP never answered clean: likely blacklisted), and
     # it teaches the site no rest
     assert rests("bbbcb") == [1.0, 4.0, 16.0, 1.0]
-    assert rests("cbcbcb", rate_ban=False) == [1.0, 1.0, 1.0]
-    # a block after clean answers, again right after its rest: x 4 (a site that blocks rather than says
-    # "slow down" blocks for longer; each early return is one more blocked answer)
-    assert rests("cbbb", rate_ban=False) == [1.0, 4.0, 16.0]
-    assert rests("bbbcb", rate_ban=False) == [5.0, 10.0, 20.0, 1.0]
+    # a block after clean answers rests 4 x the site's rest while the site taught none, and again right
+    # after its rest x 4 (a site that blocks rather than says "slow down" blocks for longer; each early
+    # return is one more blocked answer)
+    assert rests("cbcbcb", rate_ban=False) == [4.0, 4.0, 4.0]
+    assert rests("cbbb", rate_ban=False) == [4.0, 16.0, 20.0]  # (capped at the ban max TTL)
+    assert rests("bbbcb", rate_ban=False) == [5.0, 10.0, 20.0, 4.0]
     # The site's rest is learned: banned again right after a 1 s rest, the site blocks IPs for longer,
     # so the IP rests 2 s and the site's rest becomes 2 s; a proxy that comes back clean from a rest of
     # T sets it to 0.9 x T at most, never below AUTOTHROTTLE_BAN_TTL.

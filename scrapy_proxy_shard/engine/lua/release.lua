@@ -276,11 +276,13 @@ elseif outcome == 'ban' or outcome == 'dead' then
     if brief then
       -- x 2 on repeat; x 4 for an IP that never answered clean on the site (likely blacklisted), and for a
       -- block (a 403 after clean answers: a site that blocks rather than says "slow down" blocks for
-      -- longer, often minutes; each return too early is one more blocked answer)
+      -- longer, often minutes; each return too early is one more blocked answer). A block's first rest
+      -- is that x 4 too while the site has taught no rest (its rest is still the shortest allowed).
       base = site_rest
       local grow = 2
       if not lineage or kind >= 2 then grow = 4 end
       if before and grow * before > base then base = grow * before end
+      if not before and kind >= 2 and site_rest <= tonumber(ARGV[25]) then base = 4 * site_rest end
     end
     ban_until, strikes, started = ban(scope, id, ARGV[10], base, tonumber(ARGV[12]),
       tonumber(ARGV[13]), tonumber(ARGV[14]), now, brief and last_answer == 'c', told, brief)
