@@ -95,6 +95,7 @@ DEFAULTS: dict[str, Any] = {
     "PROXY_SHARD_AUTOTHROTTLE_MAX_INTERVAL": 60.0,
     "PROXY_SHARD_AUTOTHROTTLE_BAN_REASONS": DEFAULT_RATE_BAN_REASONS,
     "PROXY_SHARD_AUTOTHROTTLE_BAN_TTL": 1.0,
+    "PROXY_SHARD_AUTOTHROTTLE_OVERLAP": True,
     "PROXY_SHARD_SESSION_TTL": 600.0,
     "PROXY_SHARD_SITE_IDLE_TTL": 3600.0,  # a site's slot state expires this long after its last use
     "PROXY_SHARD_SITES": {},
@@ -449,7 +450,8 @@ class ShardSettings:
         autothrottle_ban_ttl = _number(get, "PROXY_SHARD_AUTOTHROTTLE_BAN_TTL", minimum=0.001, maximum=MAX_BAN_TTL)
         auto = _auto_boolean(s, "PROXY_SHARD_AUTOTHROTTLE_ENABLED")
         adaptive = auto if auto is not None else s.get("PROXY_SHARD_MIN_INTERVAL") is None
-        autothrottle = _autothrottle(get, None, _AUTOTHROTTLE_SETTINGS, adaptive, ban_ttl=autothrottle_ban_ttl)
+        autothrottle = _autothrottle(get, None, _AUTOTHROTTLE_SETTINGS, adaptive, ban_ttl=autothrottle_ban_ttl,
+                                     overlap=_boolean(s, "PROXY_SHARD_AUTOTHROTTLE_OVERLAP"))
         concurrency = pacing.concurrency
         session_ttl = _number(get, "PROXY_SHARD_SESSION_TTL", minimum=0.001, maximum=MAX_SESSION_TTL)
         bans = BanOptions(
@@ -815,19 +817,22 @@ def _site_breakers(entries: list[tuple[str, str, dict[str, Any]]],
 
 
 def _autothrottle(get, base: AutothrottleOptions | None, names: Mapping[str, str],
-                  enabled: bool, ban_ttl: float | None = None) -> AutothrottleOptions:
+                  enabled: bool, ban_ttl: float | None = None, overlap: bool | None = None) -> AutothrottleOptions:
     """Adaptive pacing bounds read through ``get`` under ``names`` (field -> setting name), ``base``'s where
     unset. Every bound is above 0 (a raise multiplies the interval) and START within [MIN, MAX]. The rest
-    after a rate ban is ``ban_ttl``, else ``base``'s (one setting for every site)."""
+    after a rate ban is ``ban_ttl`` and whether two requests in flight per IP may be tried ``overlap``,
+    else ``base``'s (one setting each for every site)."""
     def one(field_name: str) -> float:
         return _number(get, names[field_name], base and getattr(base, field_name), minimum=0.001,
                        maximum=MAX_INTERVAL)
 
     if ban_ttl is None:
         ban_ttl = base.ban_ttl if base is not None else AutothrottleOptions.ban_ttl
+    if overlap is None:
+        overlap = base.overlap if base is not None else AutothrottleOptions.overlap
     options = AutothrottleOptions(enabled=enabled, start_interval=one("start_interval"),
                                   min_interval=one("min_interval"), max_interval=one("max_interval"),
-                                  ban_ttl=ban_ttl)
+                                  ban_ttl=ban_ttl, overlap=overlap)
     if options.min_interval > options.max_interval:
         raise SettingError(f"{names['min_interval']} ({options.min_interval!r}) must be <= {names['max_interval']} "
                            f"({options.max_interval!r})")

@@ -607,3 +607,16 @@ def test_answers_quicker_than_the_interval_never_try_two_in_flight(fake_redis, f
     run = simulate(store, fake_clock, at, proxies=4, rule=0.1, latency=0.05, duration=60, jitter=0.0, overlap=1,
                    latency_var=0.4)
     assert run["crowded"] == 0 and run["pace"].per_ip is None
+
+
+def test_autothrottle_overlap_off_keeps_one_request_in_flight_per_ip(fake_redis, fake_clock):
+    """``PROXY_SHARD_AUTOTHROTTLE_OVERLAP = False``: the site whose answers outlast its interval is never
+    tried with two requests in flight per IP (the plugin's one-per-IP guarantee without exception)."""
+    settings = ShardSettings.from_settings({"PROXY_SHARD_AUTOTHROTTLE_OVERLAP": False})
+    assert settings.site_options("a.example").autothrottle.overlap is False
+    assert ShardSettings.from_settings({}).site_options("a.example").autothrottle.overlap is True
+    store = PoolStore(fake_redis, namespace="t", host_id="h", bans=BANS)
+    at = AutothrottleOptions(True, start_interval=0.5, min_interval=0.02, max_interval=5.0, overlap=False)
+    run = simulate(store, fake_clock, at, proxies=4, rule=0.1, latency=0.25, duration=60, jitter=0.0, overlap=2,
+                   latency_var=0.4)
+    assert run["most_busy"] == 1 and run["pace"].per_ip is None

@@ -230,7 +230,7 @@ class _Leasing:
             self._alpha_arg(), _ms(rest_after_response, "rest_after_response"),
             self._breaker_arg(site), self.site_idle_ms, *pace_args, told,
             *(_NO_GUARD if arrival_guard is None else self._guard_args(arrival_guard)), self._share_arg(margin_prior),
-            _gateway_arg(lease.exit_session),
+            _gateway_arg(lease.exit_session), "1" if adaptive and autothrottle.overlap else "0",
         ))
 
     def _alpha_arg(self) -> str:

@@ -51,6 +51,8 @@
 -- ARGV[30] the gateway id of a gateway slot (engine/gateway.py; "gw" for a slot marked #session=gw.
 --          whose id does not parse), or "": only then is the slot's record in gwbusy removed, and an
 --          "ok" through it forgets the gateway's rotations on the site (a fresh IP worked there)
+-- ARGV[31] adaptive pacing: "1" a site whose answers outlast its interval may be tried with two
+--          requests in flight per IP (conc_release in _pace.lua), "0" never (one per IP)
 -- ARGV[29] (optional) the path margin a fixed interval starts with, as a share of it (at most 20 ms)
 --          until the site teaches one (see site_learn); 0 or absent: none
 -- Replies:
@@ -153,6 +155,7 @@ if adaptive then
     tonumber(ARGV[20]), tonumber(ARGV[21]), tonumber(ARGV[22]), last_answer, now, taught, 8, tonumber(ARGV[23]) == 1,
     pace_slots)
   local born = tonumber(taught[22])
+  if ARGV[31] ~= '1' then two = nil end
   local conc_event = conc_release(id, member, answer_start, outcome, learned, slots, now, taught, 24, two,
     taught[14] ~= id and pace_event ~= 'probe', tonumber(taught[23]) or PACE_COST_PRIOR, born and now - born)
   if pace_event == '' then pace_event = conc_event end
