@@ -573,7 +573,7 @@ def test_a_site_whose_answers_outlast_its_interval_learns_two_requests_in_flight
     answers are clean, and every proxy gets a second slot, each IP's starts still the rule apart (no
     early arrival) and never more than two in flight."""
     store = PoolStore(fake_redis, namespace="t", host_id="h", bans=BANS)
-    at = AutothrottleOptions(True, start_interval=0.5, min_interval=0.02, max_interval=5.0)
+    at = AutothrottleOptions(True, start_interval=0.5, min_interval=0.02, max_interval=5.0, overlap=True)
     run = simulate(store, fake_clock, at, proxies=4, rule=0.1, latency=0.25, duration=60, jitter=0.0, overlap=2,
                    latency_var=0.4)
     assert run["pace"].per_ip == 2, run["pace"]
@@ -589,7 +589,7 @@ def test_a_site_that_bans_a_second_request_in_flight_costs_one_ban_and_keeps_one
     a ban (two at most: its other request in flight meanwhile), the site keeps one slot per IP (never
     tried again), and those bans are no votes on the interval."""
     store = PoolStore(fake_redis, namespace="t", host_id="h", bans=BANS)
-    at = AutothrottleOptions(True, start_interval=0.5, min_interval=0.02, max_interval=5.0)
+    at = AutothrottleOptions(True, start_interval=0.5, min_interval=0.02, max_interval=5.0, overlap=True)
     run = simulate(store, fake_clock, at, proxies=4, rule=0.1, latency=0.25, duration=60, jitter=0.0, overlap=1,
                    latency_var=0.4)
     pace = run["pace"]
@@ -603,18 +603,18 @@ def test_answers_quicker_than_the_interval_never_try_two_in_flight(fake_redis, f
     """Answers that take less than the interval: a second slot would win nothing, so no proxy tries one
     (on a site that would ban it)."""
     store = PoolStore(fake_redis, namespace="t", host_id="h", bans=BANS)
-    at = AutothrottleOptions(True, start_interval=0.5, min_interval=0.02, max_interval=5.0)
+    at = AutothrottleOptions(True, start_interval=0.5, min_interval=0.02, max_interval=5.0, overlap=True)
     run = simulate(store, fake_clock, at, proxies=4, rule=0.1, latency=0.05, duration=60, jitter=0.0, overlap=1,
                    latency_var=0.4)
     assert run["crowded"] == 0 and run["pace"].per_ip is None
 
 
 def test_autothrottle_overlap_off_keeps_one_request_in_flight_per_ip(fake_redis, fake_clock):
-    """``PROXY_SHARD_AUTOTHROTTLE_OVERLAP = False``: the site whose answers outlast its interval is never
-    tried with two requests in flight per IP (the plugin's one-per-IP guarantee without exception)."""
-    settings = ShardSettings.from_settings({"PROXY_SHARD_AUTOTHROTTLE_OVERLAP": False})
-    assert settings.site_options("a.example").autothrottle.overlap is False
-    assert ShardSettings.from_settings({}).site_options("a.example").autothrottle.overlap is True
+    """``PROXY_SHARD_AUTOTHROTTLE_OVERLAP = False`` (the default): the site whose answers outlast its
+    interval is never tried with two requests in flight per IP (the plugin's one-per-IP guarantee)."""
+    settings = ShardSettings.from_settings({"PROXY_SHARD_AUTOTHROTTLE_OVERLAP": True})
+    assert settings.site_options("a.example").autothrottle.overlap is True
+    assert ShardSettings.from_settings({}).site_options("a.example").autothrottle.overlap is False
     store = PoolStore(fake_redis, namespace="t", host_id="h", bans=BANS)
     at = AutothrottleOptions(True, start_interval=0.5, min_interval=0.02, max_interval=5.0, overlap=False)
     run = simulate(store, fake_clock, at, proxies=4, rule=0.1, latency=0.25, duration=60, jitter=0.0, overlap=2,

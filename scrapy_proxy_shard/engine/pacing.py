@@ -17,14 +17,14 @@ class AutothrottleOptions:
     ``start_interval`` and stays within [``min_interval``, ``max_interval``]; ``ban_ttl`` is the shortest
     rest of a proxy after a rate ban that followed a clean answer (the site's learned rest starts there);
     ``overlap``: a site whose answers outlast its interval may be tried with two requests in flight per
-    IP (``conc_release`` in engine/lua/_pace.lua); False keeps one per IP on every site."""
+    IP (``conc_release`` in engine/lua/_pace.lua); False (the default) keeps one per IP on every site."""
 
     enabled: bool
     start_interval: float
     min_interval: float
     max_interval: float
     ban_ttl: float = 1.0
-    overlap: bool = True
+    overlap: bool = False
 
 
 @dataclass(frozen=True)

@@ -174,10 +174,11 @@ SECTIONS: tuple[Section, ...] = (
           "a rate-type ban that followed a clean answer (instead of `PROXY_SHARD_BAN_TTL`: the pace takes the "
           "blame and is slowed, the IP is only rested); each site learns its own rest from there: doubled when "
           "an IP is banned again right after its rest, shortened 10% when one comes back clean", unit="s"),
-        S("PROXY_SHARD_AUTOTHROTTLE_OVERLAP", "while adaptive pacing is on, a site whose answers outlast its "
-          "learned interval may be tried with two requests in flight per IP (one proxy first; every proxy once "
-          "its overlapped answers are clean, none again once one is banned); `False` keeps one request per IP "
-          "and site at a time everywhere, the plugin's guarantee without exception"),
+        S("PROXY_SHARD_AUTOTHROTTLE_OVERLAP", "opt-in: while adaptive pacing is on, a site whose answers outlast "
+          "its learned interval may be tried with two requests in flight per IP (one proxy first; every proxy "
+          "once its overlapped answers are clean, none again once one is banned). Off, one request per IP and "
+          "site at a time everywhere, the plugin's guarantee. Not yet the default: in a 2-host trial it let "
+          "some arrivals of one IP come closer than the interval (docs/pacing.md, step 6)"),
     )),
     Section("Bans and quarantines", "What a ban costs a proxy, and the request that met it.", (
         S("PROXY_SHARD_BAN_TTL", "first quarantine of a proxy on a site; doubled per strike up to "
