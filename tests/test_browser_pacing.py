@@ -61,7 +61,9 @@ def test_browser_documents_per_ip_are_spaced_by_the_interval(stack):
     assert proc.returncode == 0, why
     assert not stack.direct() and summarize(entries).overlaps == 0, why
     assert len({e["path"] for e in entries if e.get("status") == 200}) == PAGES, why
-    gaps = gaps_per_ip(entries)
+    # Chromium may fetch /favicon.ico itself right after a page, from the page's IP: a subresource of that
+    # document (a page's own requests are not paced, docs/recipes), not a document the crawl sent
+    gaps = gaps_per_ip([e for e in entries if e["path"] != "/favicon.ico"])
     assert len(gaps) >= PAGES - PROXIES, why
     short = [g for g in gaps if g[1] < INTERVAL]
     assert not short, f"{len(short)}/{len(gaps)} gaps under {INTERVAL} s: {short}\n{why}"
