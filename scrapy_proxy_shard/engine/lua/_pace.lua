@@ -133,7 +133,8 @@ local function repace(site, old, new, now)
   end
 end
 
-local function pace_release(site, id, start, outcome, rate, start_ms, min_ms, max_ms, last, now, s, o, exact, slots)
+local function pace_release(site, id, start, outcome, rate, start_ms, min_ms, max_ms, last, now, s, o, exact, slots,
+    may_two)
   local K = K_PACE
   -- s: the hash's fields read by the caller, from s[o + 1]: iv eff run bad vote probe piv pat pn prev pend
   -- firm pls born pfc pfi, then conc_release's (release.lua reads them with site_learn's in one HMGET)
@@ -201,15 +202,15 @@ local function pace_release(site, id, start, outcome, rate, start_ms, min_ms, ma
   -- A probe proves only the gaps its proxy can keep: answers that hold a slot bz ms free its slots
   -- every bz / slots ms at best, so a probe tries no lower than that. With one slot per IP and the
   -- interval already there, the next step needs two requests in flight per IP: `two` asks
-  -- conc_release to try them (the site's verdict cc not given yet, nobody trying).
+  -- conc_release to try them (`may_two`: the caller allows it, the site's verdict cc is not given yet
+  -- and nobody is trying).
   local function try_probe()
     if s[o + 19] == id then return false end  -- (ccp: it is trying two slots, see conc_release)
     local testable = (bz or 0) / slots
     local floor = min_ms
     if testable > floor then floor = testable end
     local lower = next_probe(iv, bad, floor, cost, born and now - born)
-    if not lower and slots == 1 and testable >= iv * (1 - PACE_MARGIN) and (s[o + 17] or '') == ''
-        and (s[o + 19] or '') == '' then
+    if not lower and may_two and slots == 1 and testable >= iv * (1 - PACE_MARGIN) then
       -- the IP waits on its answers: two slots would run it at the next step, or at iv itself
       two = next_probe(iv, bad, min_ms, cost, born and now - born) or iv
     end
