@@ -307,6 +307,11 @@ class Run:
                 "diagnosis": self.diagnosis, "note": self.note}
 
 
+#: Scrapy settings every crawl of the plugin gets on top of its mode's (``--set NAME=VALUE``): e.g. the
+#: ``scrapy startproject`` template's ``DOWNLOAD_DELAY=1 CONCURRENT_REQUESTS_PER_DOMAIN=1``.
+EXTRA_SETTINGS: dict[str, str] = {}
+
+
 def plugin_settings(profile: Profile, mode: str, redis_url: str, ns: str) -> dict[str, Any]:
     s: dict[str, Any] = {"CONCURRENT_REQUESTS": CONCURRENT_REQUESTS, "PROXY_SHARD_REDIS_URL": redis_url,
                          "PROXY_SHARD_NAMESPACE": ns}
@@ -318,7 +323,7 @@ def plugin_settings(profile: Profile, mode: str, redis_url: str, ns: str) -> dic
             s["PROXY_SHARD_SITE_GROUPS"] = {f"group{i}": list(g) for i, g in enumerate(r.groups)}
     elif mode == "unknown":
         s["PROXY_SHARD_AUTOTHROTTLE_ENABLED"] = True
-    return s
+    return {**s, **EXTRA_SETTINGS}
 
 
 def diagnose(entries: list[dict], rules: ZooRules) -> dict:
@@ -467,6 +472,7 @@ def run_nginx(workdir: Path, profile: Profile, mode: str, scale: float, aiohttp_
                             "PROXY_SHARD_DEAD_TTL", "PROXY_SHARD_BAN_RETRIES", "PROXY_SHARD_MAX_WAIT",
                             "PROXY_SHARD_SESSION_TTL"):
                     settings[key] = f"{DEFAULTS[key]:g}"
+            settings.update(EXTRA_SETTINGS)
             with RedisServer() as server:
                 run = run_catalog_crawl(stack, server.url, wd / "crawl", hosts=HOSTS, settings=settings,
                                         namespace=f"zoo-nginx-{mode}", timeout=crawl_budget(scale))
@@ -523,7 +529,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="write every run's figures here")
     p.add_argument("--keep", action="store_true", help="keep the work directory (site logs, crawl logs)")
     p.add_argument("--list", action="store_true", help="list the profiles and exit")
+    p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                   help="a Scrapy setting for every crawl of the plugin (repeatable), e.g. the startproject "
+                        "template's DOWNLOAD_DELAY=1")
     args = p.parse_args(argv)
+    for pair in args.set:
+        name, eq, value = pair.partition("=")
+        if not eq or not name:
+            p.error(f"--set {pair!r}: write NAME=VALUE, e.g. --set DOWNLOAD_DELAY=1")
+        EXTRA_SETTINGS[name] = value
     if args.list:
         for prof in PROFILES.values():
             print(f"{prof.name:16} ~{expected_rate(prof):5.1f} items/s, {pages_per_domain(prof, args.scale)} pages x "

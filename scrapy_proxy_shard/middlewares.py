@@ -9,11 +9,11 @@ proxies for every host at once and retries the request through another proxy.
 responsible for that reaches it without the proxy leased for it is dropped, never sent (wiring.py
 checks the orders at start).
 
-Each leased request gets its own Scrapy download slot, ``<site>|<proxy id>``: the lease already
-enforces per-(proxy, site) concurrency and pacing, so a per-domain slot
-(``CONCURRENT_REQUESTS_PER_DOMAIN``, ``DOWNLOAD_DELAY``) must not queue a leased request behind
-requests that hold other proxies. ``DOWNLOAD_DELAY`` still applies per (site, proxy), on top of
-``PROXY_SHARD_MIN_INTERVAL``; leave it at 0 and pace with the latter.
+Each leased request gets its own Scrapy download slot, ``<site>|<proxy id>``, which sends it at once:
+the lease already enforces per-(proxy, site) concurrency and pacing for every host, and a slot's
+host-local ``DOWNLOAD_DELAY`` or ``CONCURRENT_REQUESTS_PER_DOMAIN`` would send it after its lease
+(crawl/slots.py). ``DOWNLOAD_DELAY`` is kept at the lease instead: the floor of every site's interval
+per IP (settings.py).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from scrapy_proxy_shard.crawl.content import CONTENT_REASONS, describe
 from scrapy_proxy_shard.crawl.contexts import BrowserContexts
 from scrapy_proxy_shard.crawl.handlers import HandlerMap, Route
 from scrapy_proxy_shard.crawl.runtime import STATS, ShardRuntime
+from scrapy_proxy_shard.crawl.slots import leased_slot
 from scrapy_proxy_shard.crawl.startup import StartupGate
 from scrapy_proxy_shard.engine.proxies import mask
 from scrapy_proxy_shard.engine.schema import check_session_id
@@ -195,7 +196,8 @@ class ProxyShardMiddleware:
         if route.kind == "browser":
             await self.runtime.browser.bind(request, lease, session)
         if "download_slot" not in meta or OWN_SLOT in meta:
-            meta["download_slot"] = meta[OWN_SLOT] = f"{lease.site}|{lease.proxy_id}"
+            key = meta["download_slot"] = meta[OWN_SLOT] = f"{lease.site}|{lease.proxy_id}"
+            leased_slot(self.crawler, key, meta)  # sent at once: no Scrapy delay or queue after the lease
         return None
 
     async def process_response(self, request: Request, response: Response,

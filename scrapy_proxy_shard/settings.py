@@ -340,6 +340,9 @@ class ShardSettings:
     pause_log_interval: float
     site_concurrency: int
     min_interval: float
+    #: Scrapy's DOWNLOAD_DELAY (the startproject template writes 1): the floor of every interval, kept per
+    #: IP and site at the lease for every host (``min_interval`` and the adaptive bounds include it).
+    download_delay: float = 0.0
     rest_after_response: float
     randomize_interval: bool
     arrival_guard: float
@@ -439,7 +442,12 @@ class ShardSettings:
         host_id = get("PROXY_SHARD_HOST_ID") or (default_host or default_host_id)()
         if not isinstance(host_id, str) or not host_id.strip() or "|" in host_id:
             raise SettingError(f"PROXY_SHARD_HOST_ID ({host_id!r}) must be a non-empty string without '|'")
-        min_interval = _number(get, "PROXY_SHARD_MIN_INTERVAL", minimum=0.0, maximum=MAX_INTERVAL)
+        # Scrapy's DOWNLOAD_DELAY is kept at the lease, per IP and site and for every host, as the floor
+        # of the interval; Scrapy's own download slot, which would hold a leased request back after its
+        # lease, is kept out of the way (crawl/slots.py). A site's own min_interval still wins.
+        download_delay = _number(get, "DOWNLOAD_DELAY", 0.0, minimum=0.0, maximum=MAX_INTERVAL)
+        min_interval = max(download_delay,
+                           _number(get, "PROXY_SHARD_MIN_INTERVAL", minimum=0.0, maximum=MAX_INTERVAL))
         pacing = SiteOptions(
             concurrency=_integer(get, "PROXY_SHARD_SITE_CONCURRENCY", minimum=1, maximum=MAX_CONCURRENCY),
             min_interval=min_interval,
@@ -451,7 +459,7 @@ class ShardSettings:
         auto = _auto_boolean(s, "PROXY_SHARD_AUTOTHROTTLE_ENABLED")
         adaptive = auto if auto is not None else s.get("PROXY_SHARD_MIN_INTERVAL") is None
         autothrottle = _autothrottle(get, None, _AUTOTHROTTLE_SETTINGS, adaptive, ban_ttl=autothrottle_ban_ttl,
-                                     overlap=_boolean(s, "PROXY_SHARD_AUTOTHROTTLE_OVERLAP"))
+                                     overlap=_boolean(s, "PROXY_SHARD_AUTOTHROTTLE_OVERLAP"), floor=download_delay)
         concurrency = pacing.concurrency
         session_ttl = _number(get, "PROXY_SHARD_SESSION_TTL", minimum=0.001, maximum=MAX_SESSION_TTL)
         bans = BanOptions(
@@ -484,6 +492,7 @@ class ShardSettings:
             pause_log_interval=_number(get, "PROXY_SHARD_PAUSE_LOG_INTERVAL", minimum=0.1, maximum=MAX_WAIT),
             site_concurrency=concurrency,
             min_interval=min_interval,
+            download_delay=download_delay,
             rest_after_response=pacing.rest_after_response,
             randomize_interval=pacing.randomize_interval,
             arrival_guard=pacing.arrival_guard,
@@ -817,14 +826,15 @@ def _site_breakers(entries: list[tuple[str, str, dict[str, Any]]],
 
 
 def _autothrottle(get, base: AutothrottleOptions | None, names: Mapping[str, str],
-                  enabled: bool, ban_ttl: float | None = None, overlap: bool | None = None) -> AutothrottleOptions:
+                  enabled: bool, ban_ttl: float | None = None, overlap: bool | None = None,
+                  floor: float = 0.0) -> AutothrottleOptions:
     """Adaptive pacing bounds read through ``get`` under ``names`` (field -> setting name), ``base``'s where
     unset. Every bound is above 0 (a raise multiplies the interval) and START within [MIN, MAX]. The rest
     after a rate ban is ``ban_ttl`` and whether two requests in flight per IP may be tried ``overlap``,
-    else ``base``'s (one setting each for every site)."""
+    else ``base``'s (one setting each for every site). ``floor`` (DOWNLOAD_DELAY): no bound below it."""
     def one(field_name: str) -> float:
-        return _number(get, names[field_name], base and getattr(base, field_name), minimum=0.001,
-                       maximum=MAX_INTERVAL)
+        return max(floor, _number(get, names[field_name], base and getattr(base, field_name), minimum=0.001,
+                                  maximum=MAX_INTERVAL))
 
     if ban_ttl is None:
         ban_ttl = base.ban_ttl if base is not None else AutothrottleOptions.ban_ttl

@@ -9,6 +9,7 @@ docs/pacing.md states the law and the band these tests hold it to.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import random
 from collections.abc import Callable
@@ -620,3 +621,53 @@ def test_autothrottle_overlap_off_keeps_one_request_in_flight_per_ip(fake_redis,
     run = simulate(store, fake_clock, at, proxies=4, rule=0.1, latency=0.25, duration=60, jitter=0.0, overlap=2,
                    latency_var=0.4)
     assert run["most_busy"] == 1 and run["pace"].per_ip is None
+
+
+def _lease_release_once(store: PoolStore, clock: Clock, at: AutothrottleOptions) -> str:
+    """One clean request on the simulated site after every earlier lease expired: its pace event."""
+    clock.sleep(31)  # (simulate's leases: 30 s)
+    got = store.lease(POOL, SITE, ttl=30)
+    assert not isinstance(got, LeaseWait), got
+    clock.sleep(0.25)
+    return store.release(got, outcome="ok", autothrottle=at).pace_event
+
+
+def test_turning_overlap_off_after_a_site_learned_two_goes_back_to_one_per_ip(fake_redis, fake_clock):
+    """A site learned two requests in flight per IP while ``PROXY_SHARD_AUTOTHROTTLE_OVERLAP`` was on; with it
+    off, the next release brings every proxy back to one slot there (``conc_off``), for every host, and the
+    verdict stays: on a site that would now ban a second request in flight, none is ever sent. Turned on
+    again, the site has its two slots back at its next release."""
+    store = PoolStore(fake_redis, namespace="t", host_id="h", bans=BANS)
+    on = AutothrottleOptions(True, start_interval=0.5, min_interval=0.02, max_interval=5.0, overlap=True)
+    off = dataclasses.replace(on, overlap=False)
+    run = simulate(store, fake_clock, on, proxies=4, rule=0.1, latency=0.25, duration=60, jitter=0.0, overlap=2,
+                   latency_var=0.4)
+    assert run["pace"].per_ip == 2 and run["most_busy"] == 2
+    assert _lease_release_once(store, fake_clock, off) == "conc_off"
+    run = simulate(store, fake_clock, off, proxies=4, rule=0.1, latency=0.25, duration=30, jitter=0.0, overlap=1,
+                   latency_var=0.4)
+    assert run["most_busy"] == 1 and run["crowded"] == 0, run["most_busy"]
+    assert not [e for _, _, e in run["trace"] if e.startswith("conc_")]
+    assert run["pace"].per_ip == 2  # what the site taught is kept
+    assert _lease_release_once(store, fake_clock, on) == ""
+    run = simulate(store, fake_clock, on, proxies=4, rule=0.1, latency=0.25, duration=30, jitter=0.0, overlap=2,
+                   latency_var=0.4)
+    assert run["most_busy"] == 2
+
+
+def test_turning_overlap_off_while_a_proxy_tries_two_ends_the_try(fake_redis, fake_clock):
+    """Turned off while one proxy tries two requests in flight: the try ends with no verdict, and no second
+    request in flight follows."""
+    store = PoolStore(fake_redis, namespace="t", host_id="h", bans=BANS)
+    on = AutothrottleOptions(True, start_interval=0.5, min_interval=0.02, max_interval=5.0, overlap=True)
+    off = dataclasses.replace(on, overlap=False)
+    simulate(store, fake_clock, on, proxies=4, rule=0.1, latency=0.25, duration=60, jitter=0.0, overlap=2,
+             latency_var=0.4, done=lambda _: store.paces(POOL)[SITE].per_ip_probe is not None)
+    pace = store.paces(POOL)[SITE]
+    assert pace.per_ip is None and pace.per_ip_probe is not None, pace
+    assert _lease_release_once(store, fake_clock, off) == "conc_off"
+    pace = store.paces(POOL)[SITE]
+    assert pace.per_ip is None and pace.per_ip_probe is None, pace
+    run = simulate(store, fake_clock, off, proxies=4, rule=0.1, latency=0.25, duration=30, jitter=0.0, overlap=1,
+                   latency_var=0.4)
+    assert run["most_busy"] == 1 and run["crowded"] == 0

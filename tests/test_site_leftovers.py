@@ -38,8 +38,8 @@ def test_sites_touched_once_leave_nothing_once_idle(real_redis):
                           autothrottle=pace)
         else:
             store.release(lease, outcome="ok", autothrottle=pace)
-    live = store.site_counters(POOL)
-    assert live["site7.example"]["l"] == 1 and live["site7.example"]["ok"] == 1
+    live = store.site_counters(POOL)  # (a late site: the first ones may have gone idle already on a slow machine)
+    assert live["site1997.example"]["l"] == 1 and live["site1997.example"]["ok"] == 1
     assert real_redis.exists("{t:main}:pace:site1999.example", "{t:main}:bans") == 2
     time.sleep(2.5)  # past the idle TTL and the bans' windows: every site's keys, pace, bans, index expire
     left = {k for k in _pool_keys(real_redis) if ":done:" not in k} - baseline

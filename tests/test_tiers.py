@@ -206,7 +206,8 @@ def test_an_explicit_pool_wins_over_tiers():
 
 
 def test_a_probe_answered_fine_brings_the_site_down_for_every_host():
-    h = tiered({"PROXY_SHARD_TIER_PROBE_INTERVAL": 0.01})
+    # (the probe is due after the first lease: long enough for a slow machine's open, within the sleep below)
+    h = tiered({"PROXY_SHARD_TIER_PROBE_INTERVAL": 0.5})
     h.admin.tier_step(TIERS, "s.example", breaker_tier=0, options=h.runtime.settings.tier_options)
 
     async def scenario():

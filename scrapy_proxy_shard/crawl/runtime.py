@@ -64,6 +64,8 @@ CONC_EVENTS = {
                "proxy now has two slots there, for every host",
     "conc_fail": "proxy_shard: adaptive pacing: %(site)s refused two requests in flight on proxy %(proxy)s "
                  "(%(reason)s): one per IP",
+    "conc_off": "proxy_shard: adaptive pacing: %(site)s is back to one request in flight per IP, for every host "
+                "(PROXY_SHARD_AUTOTHROTTLE_OVERLAP is off; what the site taught is kept)",
 }
 #: Longest single block on a site's freed list; kept below the Redis client's socket timeout.
 MAX_BLOCK = 2.0
@@ -316,6 +318,10 @@ class ShardRuntime:
         logger.info("proxy_shard: engine %(engine)s, namespace %(ns)r, host %(host)r, pools %(pools)s",
                     {"engine": engine, "ns": s.namespace, "host": s.host_id,
                      "pools": ", ".join(f"{p!r} ({n} proxies)" for p, n in sizes.items())})
+        if s.download_delay > 0:  # (crawl/slots.py: Scrapy's slot itself no longer delays a leased request)
+            logger.info("proxy_shard: DOWNLOAD_DELAY = %(dd)gs is kept per IP and site, for every host: no site's "
+                        "interval goes below it (scrapy startproject writes 1; set DOWNLOAD_DELAY = 0 to let "
+                        "the plugin pace by what each site allows)", {"dd": s.download_delay})
         if s.mode == "embedded" and s.requested_mode == "auto" and s.proxies:
             logger.warning(
                 "proxy_shard: PROXY_SHARD_MODE is 'auto' and no PROXY_SHARD_REDIS_URL is set: this process "

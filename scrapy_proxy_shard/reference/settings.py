@@ -113,8 +113,8 @@ SECTIONS: tuple[Section, ...] = (
         S("PROXY_SHARD_LEASE_TTL", "a dead holder's lease frees itself after this; per request at least "
           f"`download_timeout + {LEASE_MARGIN:g}` s, so a live download never loses its lease: Scrapy's "
           "`download_timeout` bounds the whole transfer and the lease is released right after the response "
-          "(each leased request has its own download slot, so it does not queue behind others; keep "
-          "`DOWNLOAD_DELAY` at 0 and pace with `PROXY_SHARD_MIN_INTERVAL`). A longer margin would only delay "
+          "(each leased request has its own download slot, which sends it at once: Scrapy's `DOWNLOAD_DELAY` "
+          "is kept at the lease instead, as every site's floor per IP). A longer margin would only delay "
           "the recovery of a crashed host's slots", unit="s", default="`max(60, DOWNLOAD_TIMEOUT + 30)` s"),
         S("PROXY_SHARD_MAX_WAIT", "longest wait *with no known end* (a pool Redis lost, Redis stalled, the "
           "host on its local fallback) before `NoProxyAvailable`; waits the pool will end (slots in use, "
@@ -137,7 +137,9 @@ SECTIONS: tuple[Section, ...] = (
             "([pacing](../guide/pacing.md)).", (
         S("PROXY_SHARD_MIN_INTERVAL", "least gap between the *starts* of two requests through one IP on one "
           "site (per slot when `PROXY_SHARD_SITE_CONCURRENCY` > 1), on the Redis clock across all hosts: "
-          "Scrapy's `DOWNLOAD_DELAY` meaning, what a site's rate limit counts", unit="s"),
+          "Scrapy's `DOWNLOAD_DELAY` meaning, what a site's rate limit counts. A `DOWNLOAD_DELAY` above 0 is the "
+          "floor of this and of the adaptive bounds (`scrapy startproject` writes 1: set it to 0 to let the "
+          "plugin pace lower); a site's own `min_interval` still wins", unit="s"),
         S("PROXY_SHARD_REST_AFTER_RESPONSE", "pause of a slot after each response before its next use on that "
           "site (the meaning `PROXY_SHARD_MIN_INTERVAL` had in earlier versions: a slot is free at "
           "max(start + `MIN_INTERVAL`, response + this))", unit="s"),

@@ -137,7 +137,9 @@ SECTIONS: tuple[StatSection, ...] = (
         _doc("proxy_shard/autothrottle/{event}", FINISH, "adaptive pacing: what this host's releases did to the "
              "learned intervals, by event: `probe`, `down`, `fail`, `back`, `up`, `skip`, `forget` "
              "([the control law](../pacing.md)); and to requests in flight per IP: `conc_probe` (one proxy "
-             "tries two), `conc_up` (every proxy gets two), `conc_fail` (the site banned the overlap)"),
+             "tries two), `conc_up` (every proxy gets two), `conc_fail` (the site banned the overlap), `conc_off` "
+             "(`PROXY_SHARD_AUTOTHROTTLE_OVERLAP` turned off after the site learned two, or while one proxy tried "
+             "them: back to one per IP)"),
         _doc("proxy_shard/pacing/margin_ms/{site}", FINISH, "a fixed interval: the site's path margin (ms) as "
              "of this host's last release there"),
         _doc("proxy_shard/pacing/margin_widened", FINISH, "widenings of a site's path margin this host's "

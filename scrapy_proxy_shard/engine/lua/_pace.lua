@@ -329,14 +329,37 @@ local CC_PROBE_MS = 60000  -- a probe not concluded after max(this, 40 x the int
 -- 'conc_probe', 'conc_up' or 'conc_fail'. `s`: the pace hash fields the release read, cc bz ccp cct ccn
 -- from s[o + 1]; `iv` the interval in force (ms), `c` the site's slots per proxy as the release read
 -- them; `two`: the step pace_release wanted and one slot could not test (nil: none); `may_probe`: this
--- proxy is not the interval probe's; `cost`/`age` as for next_probe.
-local function conc_release(id, member, start, outcome, iv, c, now, s, o, two, may_probe, cost, age)
+-- proxy is not the interval probe's; `cost`/`age` as for next_probe; `allow`: the caller allows two in
+-- flight per IP (PROXY_SHARD_AUTOTHROTTLE_OVERLAP).
+-- The site hash's CONC_RAISED field marks slots per proxy raised by this learning (not the caller's
+-- concurrency): only those go back to one when the caller no longer allows two.
+local CONC_RAISED = '@cc'
+local function conc_release(id, member, start, outcome, iv, c, now, s, o, two, may_probe, cost, age, allow)
   local cc, bz, ccp = s[o + 1] or '', tonumber(s[o + 2]) or 0, s[o + 3] or ''
   local cct, ccn = tonumber(s[o + 4]) or 0, tonumber(s[o + 5]) or 0
   local spacing = istr(math.ceil(iv))
+  local function one_slot()  -- (a proxy's slots above the first are dropped by the lease that meets them)
+    redis.call('HSET', K_SITE, 'c', 1)
+    redis.call('HDEL', K_SITE, CONC_RAISED)
+  end
+  if not allow then
+    -- Turned off after the site learned two, or while one proxy tried them: one per IP from now on.
+    -- A try ends with no verdict; a verdict '2' stays (turned on again, the site has its two back at once).
+    if cc == '' and ccp ~= '' then
+      redis.call('ZREM', K_READY, ccp .. '/1')
+      one_slot()
+      redis.call('HSET', K_PACE, 'ccp', '')
+      return 'conc_off'
+    end
+    if cc == '2' and c > 1 and redis.call('HEXISTS', K_SITE, CONC_RAISED) == 1 then
+      one_slot()
+      return 'conc_off'
+    end
+    return ''
+  end
   if cc == '2' then
     if c < 2 then  -- the site's state was built again (idle, a new group) with the caller's one slot
-      redis.call('HSET', K_SITE, 'c', 2, 'seq', 0, IP_SPACING, spacing)
+      redis.call('HSET', K_SITE, 'c', 2, 'seq', 0, IP_SPACING, spacing, CONC_RAISED, 1)
     end
     return ''
   end
@@ -344,7 +367,7 @@ local function conc_release(id, member, start, outcome, iv, c, now, s, o, two, m
   if ccp ~= '' then
     local function drop(verdict)
       redis.call('ZREM', K_READY, ccp .. '/1')
-      redis.call('HSET', K_SITE, 'c', 1)
+      one_slot()
       if verdict == '1' then  -- ccp stays: its requests in flight meanwhile are no votes either (release.lua)
         redis.call('HSET', K_PACE, 'cc', '1', 'cce', istr(now))
       else
@@ -388,7 +411,7 @@ local function conc_release(id, member, start, outcome, iv, c, now, s, o, two, m
   end
   local at = start + iv
   if at < now then at = now end
-  redis.call('HSET', K_SITE, 'c', 2, IP_SPACING, spacing, ip_field(id), istr(start))
+  redis.call('HSET', K_SITE, 'c', 2, IP_SPACING, spacing, ip_field(id), istr(start), CONC_RAISED, 1)
   redis.call('ZADD', K_READY, 'NX', at, id .. '/1')
   redis.call('HSET', K_PACE, 'ccp', id, 'cct', istr(now), 'ccn', 0)
   return 'conc_probe'

@@ -153,7 +153,9 @@ local url = nil
 local skips = 0
 while #found > 0 do
   local cand = id_of(found[1])
-  url = redis.call('HGET', K_PROXIES, cand)
+  -- (a slot above the site's slots per proxy: two learned in flight per IP were turned off, see
+  -- conc_release in _pace.lua: it goes like a removed proxy's)
+  url = (site_c > 1 or string.sub(found[1], -2) == '/0') and redis.call('HGET', K_PROXIES, cand)
   if url then
     local b = ban_entry_until('*|' .. cand)
     local elsewhere = 0

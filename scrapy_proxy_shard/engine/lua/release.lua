@@ -158,7 +158,8 @@ if adaptive then
     pace_slots, may_two)
   local born = tonumber(taught[22])
   local conc_event = conc_release(id, member, answer_start, outcome, learned, slots, now, taught, 24, two,
-    taught[14] ~= id and pace_event ~= 'probe', tonumber(taught[23]) or PACE_COST_PRIOR, born and now - born)
+    taught[14] ~= id and pace_event ~= 'probe', tonumber(taught[23]) or PACE_COST_PRIOR, born and now - born,
+    ARGV[31] == '1')
   if pace_event == '' then pace_event = conc_event end
   interval = math.floor(paced * tonumber(ARGV[23]) + 0.5)
   pace_iv = pace_ms(learned)
