@@ -105,6 +105,9 @@ end
 
 local latency = tonumber(ARGV[5])
 local interval = tonumber(ARGV[6])
+-- What leases keep between one proxy's slots on the site (IP_SPACING, several slots per proxy): the
+-- site's interval in force, never a probe's (this proxy's own `interval` may be a probe's lower one).
+local spacing = interval
 local rest = tonumber(ARGV[16])
 local host, sid = ARGV[7], ARGV[8]
 local session_ttl = tonumber(ARGV[9])
@@ -162,12 +165,15 @@ if adaptive then
     ARGV[31] == '1')
   if pace_event == '' then pace_event = conc_event end
   interval = math.floor(paced * tonumber(ARGV[23]) + 0.5)
+  spacing = math.floor(learned * tonumber(ARGV[23]) + 0.5)
+  if spacing < interval then spacing = interval end
   pace_iv = pace_ms(learned)
   -- a learned pace outlives restarts, not a dead site; one that learned nothing goes with the site
   if kept then learn_keep = PACE_KEEP_MS end
   pace_wrote = true  -- (pace_release keeps the hash's interval: it exists now)
 elseif interval > 0 then
   interval = interval + math.floor(margin + 0.5)
+  spacing = interval
 end
 -- The interval a use that started at `start` paces its slot with: + the arrival guard's shift.
 local guard_cap, guard_floor = tonumber(ARGV[27]), tonumber(ARGV[28])
@@ -218,7 +224,7 @@ else
       -- that far apart (lease.lua reads the spacing from here).
       local latest = tonumber(held_now[4])
       if latest and latest + interval > at then at = latest + interval end
-      if tostring(interval) ~= held_now[5] then redis.call('HSET', K_SITE, IP_SPACING, tostring(interval)) end
+      if tostring(spacing) ~= held_now[5] then redis.call('HSET', K_SITE, IP_SPACING, tostring(spacing)) end
     end
     at = not_before_floor(next_free(site, id, at), held_now[2])
     free_at = at
