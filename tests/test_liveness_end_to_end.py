@@ -122,23 +122,25 @@ def test_an_exhausted_pool_ends_the_crawl_at_once_and_jobdir_keeps_its_requests(
 
 
 def test_a_pool_quarantined_for_a_while_pauses_the_crawl_and_loses_nothing(tmp_path, redis_server_env):
-    """Every proxy quarantined on the site for 8 s (within the pause horizon), MAX_WAIT 1 s: before,
+    """Every proxy quarantined on the site for 12 s (within the pause horizon), MAX_WAIT 1 s: before,
     every request failed after 1 s and its item was lost. Now the crawl pauses (one WARNING line per
     PAUSE_LOG_INTERVAL saying how many requests wait, until when and why), resumes (one INFO line),
     fetches every page and exits 0."""
     pages = 40
     stack = Stack(tmp_path, (SITE,))
     try:
-        stack.quarantine(SITE, 8)
+        # (12 s: the crawl's own start may take a few of them on a loaded machine, and the pause must
+        # outlast two log intervals whatever that start took)
+        stack.quarantine(SITE, 12)
         code, stats, log, took = stack.crawl("paused", SITE, "PROXY_SHARD_MAX_WAIT=1", "PROXY_SHARD_PAUSE_HORIZON=60",
                                              "PROXY_SHARD_PAUSE_LOG_INTERVAL=3", "PROXY_SHARD_MIN_INTERVAL=0.2",
                                              pages=pages)
         report = f"exit {code}, {took:.1f}s, stats {json.dumps(stats, sort_keys=True)}"
         assert code == 0 and stats.get("finish_reason") == "finished", report
         assert not stats.get("proxy_shard/not_sent") and not stats.get("proxy_shard/wait/gave_up"), report
-        assert stats.get("proxy_shard/pauses") == 1 and 4 < stats.get("proxy_shard/paused_seconds", 0) < 12, report
+        assert stats.get("proxy_shard/pauses") == 1 and 6 < stats.get("proxy_shard/paused_seconds", 0) < 16, report
         waits = [line for line in log.splitlines() if f"for {SITE} (pool 'datacenter') wait" in line]
-        assert 2 <= len(waits) <= 4 and all("WARNING" in w for w in waits), waits
+        assert 2 <= len(waits) <= 5 and all("WARNING" in w for w in waits), waits
         assert "quarantined (manual x" in waits[0] and "next line in 3 s" in waits[0], waits
         resumed = [line for line in log.splitlines() if f"serving {SITE} (pool 'datacenter') again after" in line]
         assert len(resumed) == 1 and "INFO" in resumed[0], resumed
