@@ -27,6 +27,8 @@ __all__ = ["OWN_SLOT_SETTINGS", "LeasedSlots", "leased_slot"]
 #: Scrapy's per-slot settings (DOWNLOAD_SLOTS' keys) of a leased request's own slot: the lease paces it.
 #: ``concurrency``: the engine's most slots per proxy and site: never the cap.
 OWN_SLOT_SETTINGS = {"concurrency": MAX_CONCURRENCY, "delay": 0.0}
+#: Most slot keys kept waiting for Scrapy to make their slot.
+PENDING_MAX = 10000
 
 
 class LeasedSlots(dict):
@@ -39,6 +41,8 @@ class LeasedSlots(dict):
         self._pending: set[str] = set()
 
     def expect(self, key: str) -> None:
+        if len(self._pending) >= PENDING_MAX:  # keys leased and never queued (a cache hit, a dropped request)
+            self._pending.clear()  # (safe: a slot made without them is mended by leased_slot on its next use)
         self._pending.add(key)
 
     def get(self, key: Any, default: Any = None) -> Any:
