@@ -179,8 +179,9 @@ SECTIONS: tuple[Section, ...] = (
         S("PROXY_SHARD_AUTOTHROTTLE_OVERLAP", "opt-in: while adaptive pacing is on, a site whose answers outlast "
           "its learned interval may be tried with two requests in flight per IP (one proxy first; every proxy "
           "once its overlapped answers are clean, none again once one is banned). Off, one request per IP and "
-          "site at a time everywhere, the plugin's guarantee. Not yet the default: in a 2-host trial it let "
-          "some arrivals of one IP come closer than the interval (docs/pacing.md, step 6)"),
+          "site at a time everywhere, the plugin's guarantee. Not yet the default: a host slow to send a leased "
+          "request can still put it next to the IP's other one (docs/pacing.md, step 6); turned off, a site that "
+          "learned two goes back to one per IP at its next release"),
     )),
     Section("Bans and quarantines", "What a ban costs a proxy, and the request that met it.", (
         S("PROXY_SHARD_BAN_TTL", "first quarantine of a proxy on a site; doubled per strike up to "

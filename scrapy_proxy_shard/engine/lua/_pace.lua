@@ -342,13 +342,20 @@ local function conc_release(id, member, start, outcome, iv, c, now, s, o, two, m
     redis.call('HSET', K_SITE, 'c', 1)
     redis.call('HDEL', K_SITE, CONC_RAISED)
   end
+  local function drop(verdict)  -- end proxy ccp's try: verdict '1' (a ban) or '' (none)
+    redis.call('ZREM', K_READY, ccp .. '/1')
+    one_slot()
+    if verdict == '1' then  -- ccp stays: its requests in flight meanwhile are no votes either (release.lua)
+      redis.call('HSET', K_PACE, 'cc', '1', 'cce', istr(now))
+    else
+      redis.call('HSET', K_PACE, 'ccp', '')
+    end
+  end
   if not allow then
     -- Turned off after the site learned two, or while one proxy tried them: one per IP from now on.
     -- A try ends with no verdict; a verdict '2' stays (turned on again, the site has its two back at once).
     if cc == '' and ccp ~= '' then
-      redis.call('ZREM', K_READY, ccp .. '/1')
-      one_slot()
-      redis.call('HSET', K_PACE, 'ccp', '')
+      drop('')
       return 'conc_off'
     end
     if cc == '2' and c > 1 and redis.call('HEXISTS', K_SITE, CONC_RAISED) == 1 then
@@ -365,15 +372,6 @@ local function conc_release(id, member, start, outcome, iv, c, now, s, o, two, m
   end
   if cc == '1' then return '' end
   if ccp ~= '' then
-    local function drop(verdict)
-      redis.call('ZREM', K_READY, ccp .. '/1')
-      one_slot()
-      if verdict == '1' then  -- ccp stays: its requests in flight meanwhile are no votes either (release.lua)
-        redis.call('HSET', K_PACE, 'cc', '1', 'cce', istr(now))
-      else
-        redis.call('HSET', K_PACE, 'ccp', '')
-      end
-    end
     if ccp == id and start and start >= cct then
       if outcome == 'ok' then
         local other = id .. '/1'

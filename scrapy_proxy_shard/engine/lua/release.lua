@@ -155,14 +155,15 @@ if adaptive then
   local pace_slots = slots  -- (one while a proxy tries two: the others' probes test one slot's gaps)
   if taught[27] and taught[27] ~= '' and taught[25] ~= '1' then pace_slots = 1 end
   -- (two in flight per IP may be asked for: allowed by the caller, no verdict cc yet, nobody trying)
-  local may_two = ARGV[31] == '1' and (taught[25] or '') == '' and (taught[27] or '') == ''
+  local allow_two = ARGV[31] == '1'
+  local may_two = allow_two and (taught[25] or '') == '' and (taught[27] or '') == ''
   paced, pace_event, learned, kept, two = pace_release(site, id, answer_start, outcome, rate,
     tonumber(ARGV[20]), tonumber(ARGV[21]), tonumber(ARGV[22]), last_answer, now, taught, 8, tonumber(ARGV[23]) == 1,
     pace_slots, may_two)
   local born = tonumber(taught[22])
   local conc_event = conc_release(id, member, answer_start, outcome, learned, slots, now, taught, 24, two,
     taught[14] ~= id and pace_event ~= 'probe', tonumber(taught[23]) or PACE_COST_PRIOR, born and now - born,
-    ARGV[31] == '1')
+    allow_two)
   if pace_event == '' then pace_event = conc_event end
   interval = math.floor(paced * tonumber(ARGV[23]) + 0.5)
   spacing = math.floor(learned * tonumber(ARGV[23]) + 0.5)
