@@ -121,3 +121,29 @@ def test_a_ban_release_still_draws_its_jitter(make_store):
     lease = store.lease(POOL, "a.example", ttl=5)
     result = store.release(lease, outcome="ban", reason="http_403")
     assert result.ban_until - result.now == pytest.approx(5.0, abs=0.1)  # 10 s shortened by the full jitter
+
+
+def test_the_pace_hash_goes_to_the_hashtable_encoding_once(real_redis):
+    """A proxy's first mark on a site (pace hash field p:<id>) grows the hash with the pool: past 64
+    fields it is converted to the hashtable encoding once (field ht), not again at every later first
+    mark (each conversion cost an HLEN, a 2 KB HSET and an HDEL: about 8 us of a release at 10,000
+    proxies)."""
+    from scrapy_proxy_shard.engine.schema import pace_key
+
+    store = PoolStore(real_redis, namespace="t", host_id="h")
+    store.add_proxies(POOL, [f"http://10.4.{i // 200}.{i % 200 + 1}:8000" for i in range(200)])
+
+    def cycles(n: int) -> None:
+        for _ in range(n):
+            lease = store.lease(POOL, "a.example", ttl=60)
+            store.release(lease, outcome="ok", latency=0.05, min_interval=0.0)
+
+    cycles(100)  # 100 first marks: converted at the 64th field
+    key = pace_key(store.prefix(POOL), "a.example")
+    assert real_redis.object("encoding", key) == "hashtable"
+    real_redis.config_resetstat()
+    cycles(50)  # 50 more first marks: no conversion, no HLEN of the pace hash
+    assert real_redis.hlen(key) >= 140  # (most of them new proxies)
+    hlen = real_redis.info("commandstats").get("cmdstat_hlen", {}).get("calls", 0)
+    assert hlen <= 50 // 8 + 2, hlen  # what is left: the site hash's own check, 1 release in 8 (site_as_table)
+    assert real_redis.hget(key, "ht") == "1"

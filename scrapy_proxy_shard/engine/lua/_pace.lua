@@ -459,7 +459,18 @@ end
 -- `interval` the fixed interval paced with (ms; 0 for none or adaptive: no margin). Returns the proxy's
 -- previous mark, the site's rest (ms) and the margin in force (ms) with what this answer did to it
 -- ('' or 'widen').
-local function site_learn(site, id, start, outcome, kind, rest_min, interval, prior_share, now, s)
+-- A proxy's first mark grows the pace hash with the pool: once it may be big it goes to the hashtable
+-- encoding (see as_table), once; field ht says so (read with the hash's other fields: `converted`),
+-- and pace_keep drops it when it refreshes the expiry, so a hash a restart loaded back as a listpack
+-- is converted again. Before ht, every first mark on a hash of 64 fields or more converted it again:
+-- with a pool of 10,000, about 3 more commands and a 2 KB string per release until each proxy had a mark.
+local function pace_as_table(K, last, converted, set)
+  if last or converted or redis.call('HLEN', K) < BIG_HASH then return end
+  as_table(K)
+  set[#set + 1] = 'ht'; set[#set + 1] = '1'
+end
+
+local function site_learn(site, id, start, outcome, kind, rest_min, interval, prior_share, now, s, converted)
   local K = K_PACE
   local last = s[1]
   local rest = tonumber(s[2]) or rest_min
@@ -508,24 +519,24 @@ local function site_learn(site, id, start, outcome, kind, rest_min, interval, pr
     event = 'widen'
   end
   if #set > 0 then
+    pace_as_table(K, last, converted, set)  -- a proxy's first mark: the hash grows with the pool
     redis.call('HSET', K, unpack(set))
-    -- a proxy's first mark: the hash grows with the pool (see as_table)
-    if not last and redis.call('HLEN', K) >= BIG_HASH then as_table(K) end
   end
   return last, rest, mg, event, #set > 0
 end
 
 -- Record the proxy's answer on the site after a ban (see p:<id> above): 'f<ms>' or 'g<ms>' a brief
 -- quarantine of that length, else 'b'.
-local function site_mark(id, last, brief_ms)
+local function site_mark(id, last, brief_ms, converted)
   local mark = 'b'
   if brief_ms then
     local _, lineage = brief_of(last)
     if last == 'c' or lineage then mark = 'f' .. istr(brief_ms) else mark = 'g' .. istr(brief_ms) end
   end
   if mark ~= last then
-    redis.call('HSET', K_PACE, 'p:' .. id, mark)
-    if not last and redis.call('HLEN', K_PACE) >= BIG_HASH then as_table(K_PACE) end
+    local set = {'p:' .. id, mark}
+    pace_as_table(K_PACE, last, converted, set)
+    redis.call('HSET', K_PACE, unpack(set))
   end
 end
 
@@ -537,5 +548,6 @@ local function pace_keep(keep_ms, xp, now)
   local want = now + keep_ms
   if xp and xp >= want - math.floor(keep_ms / 4) then return end
   redis.call('HSET', K_PACE, 'xp', istr(want))
+  redis.call('HDEL', K_PACE, 'ht')  -- (its encoding is checked again: see pace_as_table)
   redis.call('PEXPIRE', K_PACE, keep_ms)
 end

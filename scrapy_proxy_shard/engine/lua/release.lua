@@ -132,12 +132,14 @@ local taught
 if adaptive then
   taught = redis.call('HMGET', K_PACE, 'p:' .. id, 'rest', 'mg', 'mgs', 'mge', 'mgr', 'mgb', 'xp',
     'iv', 'eff', 'run', 'bad', 'vote', 'probe', 'piv', 'pat', 'pn', 'prev', 'pend', 'firm', 'pls', 'born', 'pfc', 'pfi',
-    'cc', 'bz', 'ccp', 'cct', 'ccn', 'cce')
+    'cc', 'bz', 'ccp', 'cct', 'ccn', 'cce', 'ht')
 else
-  taught = redis.call('HMGET', K_PACE, 'p:' .. id, 'rest', 'mg', 'mgs', 'mge', 'mgr', 'mgb', 'xp')
+  taught = redis.call('HMGET', K_PACE, 'p:' .. id, 'rest', 'mg', 'mgs', 'mge', 'mgr', 'mgb', 'xp', 'ht')
 end
+-- (the pace hash's ht: already in the hashtable encoding, see pace_as_table)
+local pace_ht = taught[adaptive and 31 or 9] == '1'
 local last_answer, site_rest, margin, margin_event, pace_wrote = site_learn(site, id, answer_start, outcome,
-  kind, tonumber(ARGV[25]), fixed, tonumber(ARGV[29]) or 0, now, taught)
+  kind, tonumber(ARGV[25]), fixed, tonumber(ARGV[29]) or 0, now, taught, pace_ht)
 local pace_iv, pace_event = '', ''
 if adaptive then
   --@lazy pace_release conc_release
@@ -313,7 +315,7 @@ elseif outcome == 'ban' or outcome == 'dead' then
         redis.call('HSET', K_PACE, 'rest', istr(base))
         pace_wrote = true
       end
-      site_mark(id, last_answer, brief and ban_until - now or nil)
+      site_mark(id, last_answer, brief and ban_until - now or nil, pace_ht)
       pace_wrote = true
     end
   end
