@@ -88,14 +88,43 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
             f"nginx stack: {stack}" + ("  [CI: required]" if _on_ci() else "")]
 
 
+#: The modules whose tests run a real crawl (Scrapy processes, or one in-process against a real site)
+#: and judge the gaps or times the site saw: every module with a ``slow`` test, every ``*_end_to_end.py``,
+#: and these. Under pytest-xdist (setup.cfg's ``-n 4``) they run one at a time on one worker (the
+#: scheduler below): two such crawls at once on a 2-core machine would blur what they measure. The rest
+#: (mostly waiting on Redis, sockets and timers, not on the CPU) spread over the other workers.
+SERIAL_MODULES = frozenset({
+    "test_browser_pacing.py", "test_credentials_never_leak.py", "test_fallback_outages.py",
+    "test_fault_injection.py", "test_nginx_stack.py", "test_scale.py", "test_scrapy_redis.py",
+    "test_two_crawlers_one_process.py", "test_wheel.py", "test_bench_zoo.py",
+})
+
+
+def _serial(module: str) -> bool:
+    return module.endswith("_end_to_end.py") or module in SERIAL_MODULES
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """xdist's load-scope scheduler with one scope for all of ``SERIAL_MODULES`` (one worker, one test at
+    a time) and one per test elsewhere. (An ``xdist_group`` marker added by a hook is not seen by
+    ``--dist loadgroup`` with pytest 9: pytest-xdist#1241.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SerialCrawls(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "serial crawls" if _serial(nodeid.split("::", 1)[0].rsplit("/", 1)[-1]) else nodeid
+
+    return SerialCrawls(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (setup.cfg's ``-n 4 --dist loadgroup``) the end-to-end tests run one at a time
-    on one worker: each runs several real Scrapy processes and measures the gaps the site saw, which two
-    such crawls at once on a 2-core machine would blur. The rest (mostly waiting on Redis, sockets and
-    timers, not on the CPU) spread over the other workers."""
-    for item in items:
-        if item.get_closest_marker("slow") is not None:
-            item.add_marker(pytest.mark.xdist_group("end_to_end"))
+    """A ``slow`` test outside ``SERIAL_MODULES`` would run beside the other crawls: refused."""
+    stray = sorted({item.path.name for item in items
+                    if item.get_closest_marker("slow") is not None and not _serial(item.path.name)})
+    if stray:
+        raise pytest.UsageError(f"slow tests in {', '.join(stray)}: add the module to SERIAL_MODULES in "
+                                "tests/conftest.py (its crawls must not run beside the others)")
 
 
 def _line_id(binary: RedisBinary) -> str:

@@ -143,7 +143,9 @@ def test_the_pace_hash_goes_to_the_hashtable_encoding_once(real_redis):
     assert real_redis.object("encoding", key) == "hashtable"
     real_redis.config_resetstat()
     cycles(50)  # 50 more first marks: no conversion, no HLEN of the pace hash
-    assert real_redis.hlen(key) >= 140  # (most of them new proxies)
     hlen = real_redis.info("commandstats").get("cmdstat_hlen", {}).get("calls", 0)
-    assert hlen <= 50 // 8 + 2, hlen  # what is left: the site hash's own check, 1 release in 8 (site_as_table)
+    # What is left: the site hash's own check, about 1 release in 8 by the Redis clock (site_as_table);
+    # before, one more per first mark (50 here).
+    assert hlen < 25, hlen
+    assert real_redis.hlen(key) >= 140  # (most of them new proxies)
     assert real_redis.hget(key, "ht") == "1"

@@ -181,7 +181,9 @@ class RedisServer:
                     err = self.process.stderr.read().decode(errors="replace") if self.process.stderr else ""
                     raise RuntimeError(f"redis-server exited with {self.process.returncode}: {err.strip()}")
                 try:
-                    if client.ping():
+                    # ours, not another process's that took the port between free_port() and the bind
+                    # (this one then exits: see poll() above)
+                    if client.ping() and int(client.info("server")["process_id"]) == self.process.pid:
                         return self
                 except redis.ConnectionError:
                     pass

@@ -94,7 +94,8 @@ COUNTER_FIELDS = (LEASES, OK, ERRORS, BANNED, QUARANTINES, LATENCY, STALE, EXPIR
 #: in force (ms), its last change, from when starts follow it, the clean run, the lowest interval known to fail,
 #: counts (raises, lowerings, skipped rate bans, floors lowered, failed probes), the pending vote, the probe;
 #: ``xp``: when the hash expires (ms; ``pace_keep`` refreshes its PEXPIRE from it); ``cc``...: requests in
-#: flight per IP (``conc_release``).
+#: flight per IP (``conc_release``). Not read here: ``ht``, the hash was converted to the hashtable encoding
+#: (``pace_as_table``).
 PACE_FIELDS = ("iv", "chg", "eff", "run", "bad", "up", "down", "skip", "forget", "fail", "back", "vote", "probe",
                "piv", "pat", "pn", "prev", "pend", "rest", "firm", "pls", "xp", "born", "pfc", "pfi", "lo",
                "cc", "bz", "ccp", "cct", "ccn", "cce")

@@ -25,7 +25,8 @@
 --   up, down, back, fail, skip, forget   raises, lowerings, lowerings undone, failed probes, rate bans
 --          that changed nothing, floors lowered (counters)
 -- The same hash holds what every mode learns from the site's answers (see site_learn below):
---   rest, p:<id>, and the path margin mg, mgs, mge, mgr, mgb, widen.
+--   rest, p:<id>, and the path margin mg, mgs, mge, mgr, mgb, widen; and xp (when it expires, see
+--   pace_keep) and ht (it was converted to the hashtable encoding, see pace_as_table).
 -- A site's learned pace is forgotten a week after its last release (5.25 to 7 days: see pace_keep); a pace that learned nothing (the
 -- interval it started from, nothing known to fail: a site touched a few times) goes with the site's
 -- state, PROXY_SHARD_SITE_IDLE_TTL after its last release, like everything else of a site.
@@ -455,21 +456,25 @@ local function brief_of(mark)
   return tonumber(ms), letter == 'f'
 end
 
--- Learn from one answer. `kind`: 0 no ban, 1 rate-type ban, 2 block, 3 failed content check;
--- `interval` the fixed interval paced with (ms; 0 for none or adaptive: no margin). Returns the proxy's
--- previous mark, the site's rest (ms) and the margin in force (ms) with what this answer did to it
--- ('' or 'widen').
 -- A proxy's first mark grows the pace hash with the pool: once it may be big it goes to the hashtable
--- encoding (see as_table), once; field ht says so (read with the hash's other fields: `converted`),
--- and pace_keep drops it when it refreshes the expiry, so a hash a restart loaded back as a listpack
--- is converted again. Before ht, every first mark on a hash of 64 fields or more converted it again:
--- with a pool of 10,000, about 3 more commands and a 2 KB string per release until each proxy had a mark.
+-- encoding (see as_table), once; field ht says so (read with the hash's other fields: `converted`).
+-- pace_keep drops ht when it refreshes the expiry, so a hash a restart loaded back as a listpack is
+-- converted again at the next first mark after that refresh (within a quarter of the hash's keep, as
+-- the site hash's ht). Before ht, every first mark on a hash of 64 fields or more converted it again:
+-- with a pool of 10,000, about 3 more commands and a 2 KB string per release until each proxy had a
+-- mark. True when this call converted it.
 local function pace_as_table(K, last, converted, set)
-  if last or converted or redis.call('HLEN', K) < BIG_HASH then return end
+  if last or converted or redis.call('HLEN', K) < BIG_HASH then return false end
   as_table(K)
   set[#set + 1] = 'ht'; set[#set + 1] = '1'
+  return true
 end
 
+-- Learn from one answer. `kind`: 0 no ban, 1 rate-type ban, 2 block, 3 failed content check;
+-- `interval` the fixed interval paced with (ms; 0 for none or adaptive: no margin); `converted`: the
+-- hash's ht (see pace_as_table). Returns the proxy's previous mark, the site's rest (ms) and the margin
+-- in force (ms) with what this answer did to it ('' or 'widen'), whether it wrote to the hash, and
+-- whether the hash is in the hashtable encoding now (as far as ht tells).
 local function site_learn(site, id, start, outcome, kind, rest_min, interval, prior_share, now, s, converted)
   local K = K_PACE
   local last = s[1]
@@ -519,10 +524,11 @@ local function site_learn(site, id, start, outcome, kind, rest_min, interval, pr
     event = 'widen'
   end
   if #set > 0 then
-    pace_as_table(K, last, converted, set)  -- a proxy's first mark: the hash grows with the pool
+    -- a proxy's first mark: the hash grows with the pool
+    if pace_as_table(K, last, converted, set) then converted = true end
     redis.call('HSET', K, unpack(set))
   end
-  return last, rest, mg, event, #set > 0
+  return last, rest, mg, event, #set > 0, converted
 end
 
 -- Record the proxy's answer on the site after a ban (see p:<id> above): 'f<ms>' or 'g<ms>' a brief

@@ -138,7 +138,8 @@ else
 end
 -- (the pace hash's ht: already in the hashtable encoding, see pace_as_table)
 local pace_ht = taught[adaptive and 31 or 9] == '1'
-local last_answer, site_rest, margin, margin_event, pace_wrote = site_learn(site, id, answer_start, outcome,
+local last_answer, site_rest, margin, margin_event, pace_wrote
+last_answer, site_rest, margin, margin_event, pace_wrote, pace_ht = site_learn(site, id, answer_start, outcome,
   kind, tonumber(ARGV[25]), fixed, tonumber(ARGV[29]) or 0, now, taught, pace_ht)
 local pace_iv, pace_event = '', ''
 if adaptive then
