@@ -554,6 +554,7 @@ local function pace_keep(keep_ms, xp, now)
   local want = now + keep_ms
   if xp and xp >= want - math.floor(keep_ms / 4) then return end
   redis.call('HSET', K_PACE, 'xp', istr(want))
-  redis.call('HDEL', K_PACE, 'ht')  -- (its encoding is checked again: see pace_as_table)
+  -- its encoding is checked again (see pace_as_table); a hash with no xp yet is new: nothing to drop
+  if xp then redis.call('HDEL', K_PACE, 'ht') end
   redis.call('PEXPIRE', K_PACE, keep_ms)
 end
