@@ -1,7 +1,7 @@
 """Site zoo: real crawls against sites with different rules, rule given exactly and rule unknown.
 
     python benchmarks/bench_zoo.py [--profiles a,b] [--modes given,unknown] [--scale F] [--json PATH]
-                                   [--keep] [--list]
+                                   [--keep] [--list] [--random N [--seed S]]
 
 Each profile is a site with its own per-IP rule (``benchmarks/zoo_site.py``, or stock nginx ``limit_req``
 + tinyproxy for the ``nginx`` profile, ``scrapy_proxy_shard/demo/nginx_stack.py``), local forward proxies
@@ -123,6 +123,53 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
     Profile("nginx", "stock nginx limit_req 1 per 0.2 s per (IP, vhost) burst 1 (429) + limit_conn 1 (503), "
             "50 ms service, 3 vhosts, 5 tinyproxies", None, proxies=5, dead=0, slow=0, auth=0, jitter_ms=0),
 )}
+
+
+def random_profiles(count: int, seed: int) -> list[Profile]:
+    """``count`` profiles drawn from the issue's ranges, none of them tuned: a site the plugin has not seen.
+
+    interval 0.1-2 s (log-uniform), path jitter 0-30 ms, service fixed / uniform / lognormal / Pareto,
+    1 or 2 in flight tolerated, 1 or 3 strikes, bans of 15 s - 10 min (429 or a silent 403), 1-3 domains
+    of which some may share a blacklist, a rule that may tighten mid-crawl, 6-20 proxies.
+    """
+    import random
+
+    rng = random.Random(seed)
+    out = []
+    for i in range(count):
+        interval = round(math.exp(rng.uniform(math.log(0.1), math.log(2.0))), 2)
+        kind = rng.choice(("fixed", "uniform", "lognormal", "pareto"))
+        if kind == "fixed":
+            service = f"fixed:{rng.uniform(0.02, 0.3):.3f}"
+        elif kind == "uniform":
+            low = rng.uniform(0.02, 0.2)
+            service = f"uniform:{low:.3f}:{low + rng.uniform(0.02, 0.3):.3f}"
+        elif kind == "lognormal":
+            service = f"lognormal:{rng.uniform(0.03, 0.15):.3f}:{rng.uniform(0.4, 1.0):.2f}"
+        else:
+            service = f"pareto:{rng.uniform(0.02, 0.06):.3f}:{rng.uniform(1.3, 2.0):.2f}"
+        domains = rng.choice((1, 2, 3, 3))
+        groups: tuple[tuple[str, ...], ...] = ()
+        if domains > 1 and rng.random() < 0.35:
+            groups = (DOMAINS[:domains] if rng.random() < 0.5 else DOMAINS[:2],)
+        proxies = rng.randint(6, 20)
+        tighten = rng.random() < 0.15
+        rules = ZooRules(interval=interval, overlap=2 if rng.random() < 0.3 else 1,
+                         strikes=1 if rng.random() < 0.3 else 3, window=60,
+                         ban=round(math.exp(rng.uniform(math.log(15), math.log(600)))),
+                         service=service, groups=groups, ban_style=rng.choice(("429", "429", "403")),
+                         tighten_after=0.0 if tighten else None,
+                         tighten_factor=round(rng.uniform(1.2, 1.6), 2))
+        jitter = round(rng.uniform(0, 30), 1)
+        about = (f"drawn (seed {seed}): {interval} s, {rules.overlap} in flight, {rules.strikes} strike(s) ban "
+                 f"{rules.ban:g} s ({rules.ban_style}), service {service}, {domains} domain(s)"
+                 f"{', blacklist ' + '+'.join(groups[0]) if groups else ''}"
+                 f"{f', tightens x{rules.tighten_factor}' if tighten else ''}, jitter 0-{jitter} ms, "
+                 f"{proxies} proxies")
+        out.append(Profile(f"rand{seed}-{i}", about, rules, domains=domains, proxies=proxies,
+                           dead=rng.randint(0, 2), slow=rng.randint(0, 1), auth=rng.randint(0, 2),
+                           jitter_ms=jitter))
+    return out
 
 
 # --- sizing ----------------------------------------------------------------------------------------------
@@ -526,6 +573,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profiles", default="", help=f"comma-separated subset of {','.join(PROFILES)}")
     p.add_argument("--modes", default="given,unknown", help="comma-separated subset of given,unknown")
     p.add_argument("--scale", type=float, default=1.0, help="crawl sizes (and the tightening time) x this")
+    p.add_argument("--random", type=int, default=0, metavar="N",
+                   help="also run N profiles drawn at random from the issue's ranges (sites not seen before)")
+    p.add_argument("--seed", type=int, default=None, help="the draw's seed (default: from the clock, printed)")
     p.add_argument("--json", help="write every run's figures here")
     p.add_argument("--keep", action="store_true", help="keep the work directory (site logs, crawl logs)")
     p.add_argument("--list", action="store_true", help="list the profiles and exit")
@@ -538,12 +588,16 @@ def main(argv: list[str] | None = None) -> int:
         if not eq or not name:
             p.error(f"--set {pair!r}: write NAME=VALUE, e.g. --set DOWNLOAD_DELAY=1")
         EXTRA_SETTINGS[name] = value
+    seed = args.seed if args.seed is not None else int(time.time()) % 100_000
+    drawn = {prof.name: prof for prof in random_profiles(args.random, seed)}
+    PROFILES.update(drawn)
     if args.list:
         for prof in PROFILES.values():
             print(f"{prof.name:16} ~{expected_rate(prof):5.1f} items/s, {pages_per_domain(prof, args.scale)} pages x "
                   f"{prof.domains} domains: {prof.about}")
         return 0
-    names = [n for n in args.profiles.split(",") if n] or list(PROFILES)
+    # --profiles picks among both; else the drawn ones alone when there are any, else the whole zoo
+    names = [n for n in args.profiles.split(",") if n] or list(drawn or PROFILES)
     modes = [m for m in args.modes.split(",") if m]
     bad = (set(names) - set(PROFILES)) | {f"mode {m}" for m in set(modes) - set(MODES)}
     if bad:

@@ -143,6 +143,23 @@ def test_zoo_profiles_cover_the_issue():
     assert "nginx" in profiles
 
 
+def test_drawn_profiles_stay_in_the_issues_ranges_and_repeat_by_seed():
+    import bench_zoo
+
+    drawn = bench_zoo.random_profiles(200, seed=5)
+    assert [p.about for p in bench_zoo.random_profiles(200, seed=5)] == [p.about for p in drawn]
+    assert [p.about for p in bench_zoo.random_profiles(3, seed=6)] != [p.about for p in drawn[:3]]
+    for p in drawn:
+        r = p.rules
+        assert 0.1 <= r.interval <= 2.0 and 15 <= r.ban <= 600 and 0 <= p.jitter_ms <= 30
+        assert 1 <= p.domains <= 3 and p.proxies - p.dead - p.slow >= 3
+        assert all(d in bench_zoo.DOMAINS[:p.domains] for g in r.groups for d in g)
+    kinds = {p.rules.service.split(":")[0] for p in drawn}
+    assert kinds == {"fixed", "uniform", "lognormal", "pareto"}
+    assert {p.rules.overlap for p in drawn} == {1, 2} and {p.rules.strikes for p in drawn} == {1, 3}
+    assert any(p.rules.groups for p in drawn) and any(p.rules.tighten_after is not None for p in drawn)
+
+
 def test_zoo_site_through_jittering_proxies(tmp_path):
     """End to end in one process (about 0.5 s): the site sees the proxy's IP, logs every arrival with its
     verdict, states the arrival and interval in headers, and the proxy holds each request 0..J ms."""
