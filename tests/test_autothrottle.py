@@ -557,8 +557,70 @@ def test_a_rate_ban_after_a_clean_answer_rests_the_ip_from_the_first_strike(fake
     # The site's rest is learned: banned again right after a 1 s rest, the site blocks IPs for longer,
     # so the IP rests 2 s and the site's rest becomes 2 s; a proxy that comes back clean from a rest of
     # T sets it to 0.9 x T at most, never below AUTOTHROTTLE_BAN_TTL.
-    assert rests("cbbcbcbcb") == [1.0, 2.0, 1.8, 1.62, 1.458]
-    assert rests("cbbcbcbcbcbcbcbcbcbcb")[-4:] == [1.062, 1.0, 1.0, 1.0]  # 2 x 0.9^6, then the floor
+    # The site's rest is learned from both sides. Refused again after a 1 s rest: the site's bans last
+    # longer than 1 s (lo), the IP rests 2 s and so does the next series. Back clean 5.02 s after the
+    # series' first ban (the test idles 1 s after each rest): bans last no longer than that (hi), and the
+    # rest comes down towards halfway (geometric) between the two, never up, and stays 1.1 x lo at
+    # least: min(2, sqrt(0.98 x 5.02)) = 2; then hi = 3.01 (2 s + the idle second): sqrt(0.96 x 3.01)
+    # = 1.7 ... lo fading x 0.98 per clean return (rest_guess in _pace.lua).
+    assert rests("cbbcbcbcb") == [1.0, 2.0, 2.0, 1.7, 1.596]
+    # (this site takes an IP back after any rest, but the test's idle second keeps hi above 2 s)
+    assert rests("cbbcbcbcbcbcbcbcbcbcb")[-4:] == [1.495, 1.472, 1.45, 1.428]
+
+
+@pytest.mark.parametrize("sliding", [False, True])
+@pytest.mark.parametrize("ban", [3.0, 23.0, 200.0])
+def test_the_rest_bisects_towards_the_sites_ban_length(fake_redis, fake_clock, ban, sliding):
+    """A site that blocks an IP for `ban` seconds from its strike (or, `sliding`, from each request it
+    refuses meanwhile), met by 12 series of bans of one IP, each after clean answers: the first series
+    escalates (x 4: a block), then the rest the site taught follows from when IPs came back clean and
+    when they were refused, so later series cost about the ban itself. Before the bounds were kept the
+    rest came down only x 0.9 per clean return from the last step of a series (a 23 s ban: 64 s, then
+    57.6, 51.8...)."""
+    store = PoolStore(fake_redis, namespace="t", host_id="h",
+                      bans=BanOptions(ttl=600.0, max_ttl=3600.0, jitter=0.0, strike_window=60.0, dead_ttl=5.0))
+    at = AutothrottleOptions(enabled=True, start_interval=0.1, min_interval=0.01, max_interval=1.0, ban_ttl=1.0)
+    store.add_proxies(POOL, _urls(1))
+
+    def answer(outcome: str):
+        lease = store.lease(POOL, SITE, ttl=5)
+        while isinstance(lease, LeaseWait):
+            fake_clock.sleep(lease.wait + 0.01)
+            lease = store.lease(POOL, SITE, ttl=5)
+        if outcome == "ok":
+            store.release(lease, outcome="ok", autothrottle=at)
+            return None
+        return store.release(lease, outcome="ban", reason="http_403", autothrottle=at, rate_ban=False)
+
+    refused, over = [], []
+    for _ in range(12):
+        answer("ok")
+        fake_clock.sleep(1.0)
+        banned_until = fake_clock.time() + ban  # the site's ban, from the strike
+        result = answer("ban")
+        n = 0
+        while True:
+            fake_clock.sleep(result.ban_until - result.now + 0.01)
+            if fake_clock.time() < banned_until:  # still banned: refused (a sliding ban starts again)
+                n += 1
+                if sliding:
+                    banned_until = fake_clock.time() + ban
+                result = answer("ban")
+                continue
+            over.append(fake_clock.time() - banned_until)
+            break
+        refused.append(n)
+    # the first series explores (x 4 steps from 4 s); the last six cost one refusal at most in all... and
+    # an IP comes back within half the ban (and 5 s) of its end
+    # the first series explore (x 4 steps from 4 s); then an IP comes back within a tenth of the ban (or
+    # 5 s) of its end, at the cost of a refused return now and then (the rest creeps down: a site may
+    # have shortened its bans). A ban that starts again at each refusal costs two such returns, not one,
+    # and the second escalates (within half the ban here). Before: the 23 s ban's last six series came
+    # back 1.8-89 s late, the 200 s ban's 121-344 s.
+    assert max(over[6:]) <= max(5.0, (0.5 if sliding else 0.1) * ban), (over, refused)
+    assert sum(refused[6:]) <= (4 if sliding else 2), (over, refused)
+    if not sliding:
+        assert sum(over) <= 4 * max(ban, 5.0), (over, refused)  # before: 17 x (23 s), 15 x (200 s)
 
 
 # --- requests in flight per IP (conc_release in engine/lua/_pace.lua) --------------------------------------

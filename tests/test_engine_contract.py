@@ -512,6 +512,27 @@ def test_slots_of_one_proxy_keep_the_interval_between_their_starts(store, clock)
     assert isinstance(wait, LeaseWait) and 0.25 - slack < wait.wait <= 0.3 + 1e-6
 
 
+@pytest.mark.parametrize(("guard", "expected"), [
+    ((0.0, None), 0.3),    # cold (a new connection): it may have arrived as late as its release
+    ((1.0, 0.05), 0.25),   # warm, 0.15 s late at most: 0.15 + 0.3 - 0.2
+    ((0.0, 0.05), 0.1),    # the guard off, warm: the lease's start + the interval
+])
+def test_a_late_use_keeps_the_ips_other_slots_the_interval_after_its_arrival(store, clock, guard, expected):
+    """SITE_CONCURRENCY > 1: a use that may have reached the site late (a cold pair, the guard's shift)
+    keeps the IP's other slots the spacing after when it can have arrived, not after its lease: the
+    zoo's site saw an IP's cold first request and its second slot's, leased 0.227 s apart, arrive
+    0.196 s apart on a 0.22 s rule (one strike banned it for minutes)."""
+    store.add_proxies(POOL, URLS[:1])
+    started = time.monotonic()
+    first = lease_ok(store, concurrency=2, spacing=0.3)
+    clock.sleep(0.2)
+    store.release(first, min_interval=0.3, arrival_guard=guard)
+    wait = store.lease(POOL, "a.example", ttl=5, concurrency=2, spacing=0.3)
+    slack = 0.0 if clock.controlled else time.monotonic() - started - 0.2
+    assert isinstance(wait, LeaseWait) and wait.reason == "pool"
+    assert expected - 0.005 < wait.wait + slack and wait.wait <= expected + 0.05 + slack
+
+
 def test_the_arrival_guard_paces_a_session_and_adds_to_a_learned_interval(store, clock):
     from scrapy_proxy_shard.engine.pacing import AutothrottleOptions
 

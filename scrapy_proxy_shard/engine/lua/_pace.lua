@@ -448,12 +448,46 @@ local MARGIN_KEEP = 1.25
 local MARGIN_FORGET_RUN = 1000
 local MARGIN_FORGET = 0.8
 
--- The length of a brief quarantine a mark records (ms), or nil, and whether the proxy had answered
--- clean on the site before that series of brief quarantines ('f'; 'g': it had not).
+-- The length of a brief quarantine a mark records (ms), or nil, whether the proxy had answered clean
+-- on the site before that series of brief quarantines ('f'; 'g': it had not), and when the series'
+-- first ban was (ms; nil in a mark written before marks said).
 local function brief_of(mark)
   if not mark then return nil, false end
-  local letter, ms = string.match(mark, '^([fg])(%d+)$')
-  return tonumber(ms), letter == 'f'
+  local letter, ms, since = string.match(mark, '^([fg])(%d+)@?(%d*)$')
+  return tonumber(ms), letter == 'f', tonumber(since)
+end
+
+-- The site's rest field: "rest|lo|hi" (ms; a plain number before the bounds were kept), the bounds of
+-- the site's ban length that hold whether a ban runs from its strike or starts again at each refused
+-- request. lo: the longest rest after which an IP was refused again (bans last longer); hi: the shortest
+-- time from a series' first ban to a clean answer of its IP (bans last no longer). Either may be nil.
+local function rest_of(field)
+  if not field then return nil end
+  local rest, lo, hi = string.match(field, '^(%d+)|(%d*)|(%d*)$')
+  if not rest then return tonumber(field) end
+  return tonumber(rest), tonumber(lo), tonumber(hi)
+end
+
+-- The rest the bounds call for, nil while no IP came back clean: halfway (geometric) between lo and
+-- hi, so it bisects towards the site's ban length; at most LEARN_REST_DECAY x hi, at least REST_ABOVE_LO
+-- x lo (never above hi). lo fades (x REST_LO_FADE per clean return), so the rest creeps back down and
+-- finds a site that shortened its bans, at the cost of a refused return now and then; a refusal costs
+-- little where bans run from their strike (the series ends at hi from its start, see release.lua).
+local REST_ABOVE_LO = 1.1
+local REST_LO_FADE = 0.98
+local function rest_guess(lo, hi)
+  if not hi then return nil end
+  local guess = LEARN_REST_DECAY * hi
+  if lo and lo < hi then
+    guess = math.min(guess, math.sqrt(lo * hi))
+    if REST_ABOVE_LO * lo > guess then guess = math.min(REST_ABOVE_LO * lo, hi) end
+  end
+  return guess
+end
+
+local function rest_field(rest, lo, hi)
+  return istr(math.floor(rest)) .. '|' .. (lo and istr(math.floor(lo)) or '') .. '|'
+    .. (hi and istr(math.floor(hi)) or '')
 end
 
 -- A proxy's first mark grows the pace hash with the pool: once it may be big it goes to the hashtable
@@ -478,7 +512,8 @@ end
 local function site_learn(site, id, start, outcome, kind, rest_min, interval, prior_share, now, s, converted)
   local K = K_PACE
   local last = s[1]
-  local rest = tonumber(s[2]) or rest_min
+  local rest, lo, hi = rest_of(s[2])
+  rest = rest or rest_min
   if rest < rest_min then rest = rest_min end
   local prior = math.min(prior_share * interval, MARGIN_PRIOR_MAX)
   local mg, mgs, mge = tonumber(s[3]) or prior, tonumber(s[4]) or MARGIN_STEP, tonumber(s[5]) or 0
@@ -486,12 +521,21 @@ local function site_learn(site, id, start, outcome, kind, rest_min, interval, pr
   local set = {}
   local event = ''
   if outcome == 'ok' then
-    local brief = brief_of(last)
-    if brief and rest > rest_min and brief * LEARN_REST_DECAY < rest then
-      -- back clean from a brief quarantine of `brief`: the site forgets sooner than that
-      rest = brief * LEARN_REST_DECAY
+    local brief, _, since = brief_of(last)
+    if brief then
+      -- Back clean from a series of brief quarantines that began at `since` (an older mark: from its
+      -- last quarantine alone): the site's bans last no longer than that (hi); the rest comes down to
+      -- what the bounds call for (rest_guess), never up.
+      local lasted = brief
+      if since then lasted = (start or now) - since end
+      if not hi or lasted < hi then hi = lasted end
+      if lo then lo = lo * REST_LO_FADE end
+      local guess = rest_guess(lo, hi)
+      if guess < rest then rest = guess end
       if rest < rest_min then rest = rest_min end
-      set[#set + 1] = 'rest'; set[#set + 1] = istr(rest)
+      if s[2] ~= rest_field(rest, lo, hi) then
+        set[#set + 1] = 'rest'; set[#set + 1] = rest_field(rest, lo, hi)
+      end
     end
     if last ~= 'c' then set[#set + 1] = 'p:' .. id; set[#set + 1] = 'c' end
     if interval > 0 and (mg > 0 or mgb > 0) and start and start >= mge then
@@ -528,16 +572,20 @@ local function site_learn(site, id, start, outcome, kind, rest_min, interval, pr
     if pace_as_table(K, last, converted, set) then converted = true end
     redis.call('HSET', K, unpack(set))
   end
-  return last, rest, mg, event, #set > 0, converted
+  return last, rest, mg, event, #set > 0, converted, lo, hi
 end
 
--- Record the proxy's answer on the site after a ban (see p:<id> above): 'f<ms>' or 'g<ms>' a brief
--- quarantine of that length, else 'b'.
-local function site_mark(id, last, brief_ms, converted)
+-- Record the proxy's answer on the site after a ban (see p:<id> above): 'f<ms>@<since>' or
+-- 'g<ms>@<since>' a brief quarantine of that length in a series that began at `since` (this ban, unless
+-- the last mark was one of the series), else 'b'.
+local function site_mark(id, last, brief_ms, converted, now)
   local mark = 'b'
   if brief_ms then
-    local _, lineage = brief_of(last)
-    if last == 'c' or lineage then mark = 'f' .. istr(brief_ms) else mark = 'g' .. istr(brief_ms) end
+    local before, lineage, since = brief_of(last)
+    if not before then since = now elseif not since then since = now - before end
+    local letter = 'g'
+    if last == 'c' or lineage then letter = 'f' end
+    mark = letter .. istr(brief_ms) .. '@' .. istr(since)
   end
   if mark ~= last then
     local set = {'p:' .. id, mark}

@@ -138,9 +138,9 @@ else
 end
 -- (the pace hash's ht: already in the hashtable encoding, see pace_as_table)
 local pace_ht = taught[adaptive and 31 or 9] == '1'
-local last_answer, site_rest, margin, margin_event, pace_wrote
-last_answer, site_rest, margin, margin_event, pace_wrote, pace_ht = site_learn(site, id, answer_start, outcome,
-  kind, tonumber(ARGV[25]), fixed, tonumber(ARGV[29]) or 0, now, taught, pace_ht)
+local last_answer, site_rest, margin, margin_event, pace_wrote, rest_lo, rest_hi
+last_answer, site_rest, margin, margin_event, pace_wrote, pace_ht, rest_lo, rest_hi = site_learn(site, id,
+  answer_start, outcome, kind, tonumber(ARGV[25]), fixed, tonumber(ARGV[29]) or 0, now, taught, pace_ht)
 local pace_iv, pace_event = '', ''
 if adaptive then
   --@lazy pace_release conc_release
@@ -221,12 +221,32 @@ else
   else
     redis.call('HDEL', K_SITE, member, floor_field(member))
     local start = lease_start(v)
-    local at = paced_at(start, guarded(start), now, rest)
-    if (tonumber(held_now[3]) or 1) > 1 then
+    local paced = guarded(start)
+    local at = paced_at(start, paced, now, rest)
+    local c = tonumber(held_now[3]) or 1
+    if c > 1 then
       -- Several slots per proxy: the interval is the IP's, not the slot's (the site counts arrivals
       -- per IP): not before the proxy's latest start + the interval, and leases keep its other slots
       -- that far apart (lease.lua reads the spacing from here).
       local latest = tonumber(held_now[4])
+      -- This use may have reached the site as late as `reach` (the guard's shift; a cold pair: now, its
+      -- new connection's way out unknown): when no other slot of the IP started since, its slots not in
+      -- use wait the spacing after that, not after the lease. Else a late first use and the IP's next
+      -- lease, timed from the first's start, reach the site closer than the interval.
+      local reach = start and start + paced - interval
+      if reach and reach > start and (not latest or latest <= start) then
+        latest = reach
+        redis.call('HSET', K_SITE, ip_field(id), istr(reach))
+        local others = {}
+        for j = 0, c - 1 do
+          local sibling = id .. '/' .. j
+          if sibling ~= member then
+            others[#others + 1] = reach + spacing
+            others[#others + 1] = sibling
+          end
+        end
+        if #others > 0 then redis.call('ZADD', ready, 'XX', 'GT', unpack(others)) end
+      end
       if latest and latest + interval > at then at = latest + interval end
       if tostring(spacing) ~= held_now[5] then redis.call('HSET', K_SITE, IP_SPACING, tostring(spacing)) end
     end
@@ -285,7 +305,7 @@ elseif outcome == 'ban' or outcome == 'dead' then
     -- that series: see brief_of). A hard block (a first contact
     -- answered 403, or a ban after a block) keeps the ban TTL. The site's Retry-After wins over both.
     -- banned again right after a brief quarantine of this length, and whether it answered clean before
-    local before, lineage = brief_of(last_answer)
+    local before, lineage, since = brief_of(last_answer)
     local brief = outcome == 'ban' and (kind == 1 or last_answer == 'c' or before ~= nil)
     local base = tonumber(ARGV[11])
     if brief then
@@ -298,6 +318,14 @@ elseif outcome == 'ban' or outcome == 'dead' then
       if not lineage or kind >= 2 then grow = 4 end
       if before and grow * before > base then base = grow * before end
       if not before and kind >= 2 and site_rest <= tonumber(ARGV[25]) then base = 4 * site_rest end
+      -- An IP came back clean once rest_hi after its series began (rest_of): the site's bans end within
+      -- that of their start, so a series goes no further, however it escalates (a site that starts its
+      -- ban again at each refused request refuses that return too, and rest_hi goes).
+      if before and lineage and since and rest_hi and rest_hi > now - since then
+        local left = rest_hi - (now - since)
+        if left < tonumber(ARGV[25]) then left = tonumber(ARGV[25]) end
+        if base > left then base = left end
+      end
     end
     ban_until, strikes, started = ban(scope, id, ARGV[10], base, tonumber(ARGV[12]),
       tonumber(ARGV[13]), tonumber(ARGV[14]), now, brief and last_answer == 'c', told, brief)
@@ -312,11 +340,25 @@ elseif outcome == 'ban' or outcome == 'dead' then
       end
     end
     if started == 1 and outcome == 'ban' then
-      if brief and told == 0 and lineage and base > site_rest then  -- the site's rest proved too short
-        redis.call('HSET', K_PACE, 'rest', istr(base))
-        pace_wrote = true
+      if brief and told == 0 and lineage then
+        -- Refused again after resting `before`: the site's bans outlast that (rest_lo; a bound at or
+        -- below it is void: the site's bans got longer), and its rest proved too short: the next series
+        -- starts from what the bounds call for, or while no IP came back clean, from twice lo (this
+        -- IP's series escalates x 4 to find the end; the next series need not start that far out).
+        local lo, hi, rest = rest_lo, rest_hi, site_rest
+        if before then
+          if not lo or before > lo then lo = before end
+          -- (refused as long after the series began: the bans outlast hi, or start again at each refusal)
+          if hi and (hi <= before or (since and hi <= now - since)) then hi = nil end
+        end
+        local guess = rest_guess(lo, hi)
+        if guess then rest = guess elseif lo and 2 * lo > rest then rest = 2 * lo end
+        if rest ~= site_rest or lo ~= rest_lo or hi ~= rest_hi then
+          redis.call('HSET', K_PACE, 'rest', rest_field(rest, lo, hi))
+          pace_wrote = true
+        end
       end
-      site_mark(id, last_answer, brief and ban_until - now or nil, pace_ht)
+      site_mark(id, last_answer, brief and ban_until - now or nil, pace_ht, now)
       pace_wrote = true
     end
   end
