@@ -568,6 +568,27 @@ def test_a_rate_ban_after_a_clean_answer_rests_the_ip_from_the_first_strike(fake
     assert rests("cbbcbcbcbcbcbcbcbcbcb")[-4:] == [1.495, 1.472, 1.45, 1.428]
 
 
+def test_a_clean_answer_sent_before_a_ban_series_teaches_nothing_of_its_length(fake_redis, fake_clock):
+    """Two slots per IP: the request on one slot answers clean after the other's ban began a series. It
+    was sent before that ban, so it bounds nothing: the rest field keeps its form and no bound."""
+    store = PoolStore(fake_redis, namespace="t", host_id="h", bans=BANS)
+    at = AutothrottleOptions(enabled=True, start_interval=0.1, min_interval=0.01, max_interval=1.0, ban_ttl=1.0)
+    store.add_proxies(POOL, _urls(1))
+    first = store.lease(POOL, SITE, ttl=5, concurrency=2)
+    store.release(first, outcome="ok", autothrottle=at)
+    fake_clock.sleep(1.0)
+    early = store.lease(POOL, SITE, ttl=5, concurrency=2)
+    fake_clock.sleep(0.2)
+    late = store.lease(POOL, SITE, ttl=5, concurrency=2)
+    assert isinstance(early, Lease) and isinstance(late, Lease) and early.member != late.member
+    fake_clock.sleep(0.05)
+    store.release(late, outcome="ban", reason="http_429", autothrottle=at, rate_ban=True)
+    fake_clock.sleep(0.05)
+    store.release(early, outcome="ok", autothrottle=at)
+    learned = {_text(k): _text(v) for k, v in fake_redis.hgetall(schema.pace_key(store.prefix(POOL), SITE)).items()}
+    assert learned.get("rest", "1000||").endswith("|") and "-" not in learned.get("rest", ""), learned
+
+
 @pytest.mark.parametrize("sliding", [False, True])
 @pytest.mark.parametrize("ban", [3.0, 23.0, 200.0])
 def test_the_rest_bisects_towards_the_sites_ban_length(fake_redis, fake_clock, ban, sliding):

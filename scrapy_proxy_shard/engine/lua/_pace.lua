@@ -419,15 +419,15 @@ end
 -- ==== What every mode learns from a site's answers (release.lua, before pacing; docs/pacing.md) ====
 -- In P:pace:<site> (kept after its last write for the site's idle TTL, or PACE_KEEP_MS with adaptive
 -- pacing once it learned something, whose learned interval outlives restarts):
---   p:<id> the proxy's last answer on the site: 'c' clean, 'f<ms>' a brief (rate-type) quarantine of that
---          length after clean answers ('g<ms>': without any clean answer before, e.g. a 429 on first
---          contact), 'b' a hard block. A rate-type ban (kind 1) and any ban after a clean answer or a brief
---          quarantine are brief: they start from the site's rest, not the ban TTL (see release.lua)
---   rest   the site's rest after a rate-type ban, ms (at least the caller's minimum): when banned IPs
---          come back clean: a proxy clean again after a brief quarantine of T sets rest to at most
---          LEARN_REST_DECAY x T; one banned again right after it rests 2 x T, and rest becomes that when
---          the proxy had answered clean before ('f': an IP the site blacklists for good, which never
---          answered clean, must not teach every IP a long rest)
+--   p:<id> the proxy's last answer on the site: 'c' clean, 'f<ms>@<since>' a brief (rate-type) quarantine
+--          of that length after clean answers, in a series of them whose first ban was at `since`
+--          ('g...': without any clean answer before, e.g. a 429 on first contact), 'b' a hard block. A
+--          rate-type ban (kind 1) and any ban after a clean answer or a brief quarantine are brief: they
+--          start from the site's rest, not the ban TTL (see release.lua)
+--   rest   "rest|lo|hi": the site's rest after a rate-type ban, ms (at least the caller's minimum), and
+--          the bounds of its ban length (rest_of, rest_guess): an IP refused again after a rest of T
+--          ('f' only: an IP the site blacklists for good, which never answered clean, must not teach
+--          every IP a long rest) says lo >= T; one back clean T after its series began, hi <= T
 --   mg     the path margin, ms, added to a fixed interval (not to a learned one, which moves by itself;
 --          the caller's prior share of the interval, at most MARGIN_PRIOR_MAX, until the site teaches one):
 --          the site counts arrivals, and path jitter brings some closer than they were sent. A strike-like
@@ -526,12 +526,14 @@ local function site_learn(site, id, start, outcome, kind, rest_min, interval, pr
       -- Back clean from a series of brief quarantines that began at `since` (an older mark: from its
       -- last quarantine alone): the site's bans last no longer than that (hi); the rest comes down to
       -- what the bounds call for (rest_guess), never up.
+      -- (only from a request sent within the series: one in flight on another slot of the IP when the
+      -- series began, or of unknown start, says nothing of how long the ban lasted)
       local lasted = brief
-      if since then lasted = (start or now) - since end
-      if not hi or lasted < hi then hi = lasted end
+      if since then lasted = start and start >= since and start - since or nil end
+      if lasted and (not hi or lasted < hi) then hi = lasted end
       if lo then lo = lo * REST_LO_FADE end
       local guess = rest_guess(lo, hi)
-      if guess < rest then rest = guess end
+      if guess and guess < rest then rest = guess end
       if rest < rest_min then rest = rest_min end
       if s[2] ~= rest_field(rest, lo, hi) then
         set[#set + 1] = 'rest'; set[#set + 1] = rest_field(rest, lo, hi)

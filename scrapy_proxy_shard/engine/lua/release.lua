@@ -234,7 +234,7 @@ else
       -- use wait the spacing after that, not after the lease. Else a late first use and the IP's next
       -- lease, timed from the first's start, reach the site closer than the interval.
       local reach = start and start + paced - interval
-      if reach and reach > start and (not latest or latest <= start) then
+      if reach and reach > start + 1 and (not latest or latest <= start) then
         latest = reach
         redis.call('HSET', K_SITE, ip_field(id), istr(reach))
         local others = {}
@@ -349,7 +349,7 @@ elseif outcome == 'ban' or outcome == 'dead' then
         if before then
           if not lo or before > lo then lo = before end
           -- (refused as long after the series began: the bans outlast hi, or start again at each refusal)
-          if hi and (hi <= before or (since and hi <= now - since)) then hi = nil end
+          if hi and (hi <= before or (since and hi <= (answer_start or now) - since)) then hi = nil end
         end
         local guess = rest_guess(lo, hi)
         if guess then rest = guess elseif lo and 2 * lo > rest then rest = 2 * lo end
