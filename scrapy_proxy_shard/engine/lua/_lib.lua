@@ -306,6 +306,23 @@ local function ip_field(id)
   return '@' .. id
 end
 
+-- The IP of slot `member` (proxy `id`, `c` slots on the site) reached the site at `at` at the latest
+-- (a lease's start; a late use's latest arrival, release.lua): its other slots start no sooner than
+-- `spacing` ms after (never sooner than they were due), and `at` is kept under ip_field(id).
+local function space_ip_slots(id, member, c, at, spacing)
+  redis.call('HSET', K_SITE, ip_field(id), istr(at))
+  if not spacing or spacing <= 0 then return end
+  local others = {}
+  for j = 0, c - 1 do
+    local sibling = id .. '/' .. j
+    if sibling ~= member then
+      others[#others + 1] = at + spacing
+      others[#others + 1] = sibling
+    end
+  end
+  if #others > 0 then redis.call('ZADD', K_READY, 'XX', 'GT', unpack(others)) end
+end
+
 -- Sites learn the pool lazily, so no call costs sites x proxies: P:order numbers every proxy by
 -- when it was added (P:meta seq is the last number given out); a site's hash P:site:<site> holds its
 -- slots per proxy (c) and the number up to which it has taken proxies into its ready ZSET (seq).

@@ -535,9 +535,8 @@ local function site_learn(site, id, start, outcome, kind, rest_min, interval, pr
       local guess = rest_guess(lo, hi)
       if guess and guess < rest then rest = guess end
       if rest < rest_min then rest = rest_min end
-      if s[2] ~= rest_field(rest, lo, hi) then
-        set[#set + 1] = 'rest'; set[#set + 1] = rest_field(rest, lo, hi)
-      end
+      local field = rest_field(rest, lo, hi)
+      if s[2] ~= field then set[#set + 1] = 'rest'; set[#set + 1] = field end
     end
     if last ~= 'c' then set[#set + 1] = 'p:' .. id; set[#set + 1] = 'c' end
     if interval > 0 and (mg > 0 or mgb > 0) and start and start >= mge then

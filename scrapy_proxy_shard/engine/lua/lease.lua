@@ -212,20 +212,9 @@ gw_take(id, url, token, now + ttl, ttl)
 local c = site_c
 if c > 1 then
   -- Arrivals per IP: the proxy's other slots wait the site's spacing after this start (see ip_field).
-  redis.call('HSET', K_SITE, ip_field(id), istr(now))
   local spacing = tonumber(ARGV[9])
   if not spacing or spacing == 0 then spacing = tonumber(redis.call('HGET', K_SITE, IP_SPACING)) end
-  if spacing and spacing > 0 then
-    local others = {}
-    local k = tonumber(string.match(member, '/(%d+)$'))
-    for j = 0, c - 1 do
-      if j ~= k then
-        others[#others + 1] = now + spacing
-        others[#others + 1] = id .. '/' .. j
-      end
-    end
-    redis.call('ZADD', ready, 'XX', 'GT', unpack(others))
-  end
+  space_ip_slots(id, member, c, now, spacing)
 end
 -- before touch_site: the site's counters expire with it from their first write
 if count_lease(id, host) then deadline = nil end

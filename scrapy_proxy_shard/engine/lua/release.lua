@@ -236,16 +236,7 @@ else
       local reach = start and start + paced - interval
       if reach and reach > start + 1 and (not latest or latest <= start) then
         latest = reach
-        redis.call('HSET', K_SITE, ip_field(id), istr(reach))
-        local others = {}
-        for j = 0, c - 1 do
-          local sibling = id .. '/' .. j
-          if sibling ~= member then
-            others[#others + 1] = reach + spacing
-            others[#others + 1] = sibling
-          end
-        end
-        if #others > 0 then redis.call('ZADD', ready, 'XX', 'GT', unpack(others)) end
+        space_ip_slots(id, member, c, reach, spacing)
       end
       if latest and latest + interval > at then at = latest + interval end
       if tostring(spacing) ~= held_now[5] then redis.call('HSET', K_SITE, IP_SPACING, tostring(spacing)) end
@@ -345,12 +336,11 @@ elseif outcome == 'ban' or outcome == 'dead' then
         -- below it is void: the site's bans got longer), and its rest proved too short: the next series
         -- starts from what the bounds call for, or while no IP came back clean, from twice lo (this
         -- IP's series escalates x 4 to find the end; the next series need not start that far out).
+        -- (lineage: the last mark was a brief quarantine's, so `before` is its length)
         local lo, hi, rest = rest_lo, rest_hi, site_rest
-        if before then
-          if not lo or before > lo then lo = before end
-          -- (refused as long after the series began: the bans outlast hi, or start again at each refusal)
-          if hi and (hi <= before or (since and hi <= (answer_start or now) - since)) then hi = nil end
-        end
+        if not lo or before > lo then lo = before end
+        -- (refused as long after the series began: the bans outlast hi, or start again at each refusal)
+        if hi and (hi <= before or (since and hi <= (answer_start or now) - since)) then hi = nil end
         local guess = rest_guess(lo, hi)
         if guess then rest = guess elseif lo and 2 * lo > rest then rest = 2 * lo end
         if rest ~= site_rest or lo ~= rest_lo or hi ~= rest_hi then
