@@ -149,6 +149,10 @@ def _cycle(url: str) -> None:
             client.hset(schema.pace_key(store.prefix(POOL), site), f"p:{pid}", "c")
             store.site_link(POOL, site, pid, quarantine=30, start=3.0, span=0)
     assert store.site_link(POOL, "-", "", quarantine=0).groups == {"l.example": "k.example"}
+    # a proxy's requests in flight on other sites, whatever host leased them (overlap evidence)
+    flying = store.lease(POOL, "m.example", ttl=5)
+    assert store.in_flight(POOL, flying.proxy_id, ["m.example", "h.example"], flying.issued_at) == ["m.example"]
+    store.release(flying)
     # sticky sessions: a use, its release, a rebind after a ban, the end
     sticky = store.lease(POOL, "c.example", ttl=5, session_id="s 1", session_ttl=60)
     store.release(sticky, min_interval=0, session_ttl=60)

@@ -476,3 +476,60 @@ def test_overlaps_count_every_site_in_flight_and_drop_the_requests_that_never_ca
 
     asyncio.run(read())
     assert asked and asked[0]["start"] == 3.0 and asked[0]["quarantine"] == 0.0
+
+
+def test_in_flight_finds_a_proxys_requests_on_other_sites_whoever_leased_them(store, make_store):
+    """flying.lua: a proxy's live held records on other sites, leased by any host before a given start,
+    are its requests in flight there; answered ones, expired ones, later ones and a sticky session's
+    binding are not."""
+    store.add_proxies(POOL, URLS[:1])
+    other = make_store()  # another host on the same Redis
+    pid = _ids(store)[0]
+    on_a = other.lease(POOL, "a.example", ttl=30)
+    time.sleep(0.002)
+    mine = store.lease(POOL, "b.example", ttl=30)
+    assert isinstance(on_a, Lease) and isinstance(mine, Lease)
+    sites = ["a.example", "c.example", "b.example"]
+    assert store.in_flight(POOL, pid, sites, mine.issued_at) == ["a.example", "b.example"]
+    assert store.in_flight(POOL, pid, ["a.example"], on_a.issued_at - 0.001) == []  # sent after
+    assert store.in_flight(POOL, "no-such-proxy", sites, mine.issued_at) == []
+    other.release(on_a)
+    assert store.in_flight(POOL, pid, ["a.example"], mine.issued_at) == []
+    short = other.lease(POOL, "c.example", ttl=0.05)
+    bound = other.lease(POOL, "d.example", ttl=30, session_id="s1")
+    assert isinstance(short, Lease) and isinstance(bound, Lease)
+    other.release(bound)  # the request is answered; the session keeps its binding
+    time.sleep(0.1)
+    assert store.in_flight(POOL, pid, ["c.example", "d.example"], time.time() + 1) == []
+    assert store.in_flight(POOL, pid, [], mine.issued_at) == []
+
+
+def test_a_rate_ban_while_another_host_has_the_proxy_in_flight_on_another_site_is_overlap_evidence():
+    """With several hosts most overlaps are across hosts: a proxy another host has in flight on a-shop,
+    rate-banned here on b-shop, is overlap evidence (three proxies link the sites), and a clean answer on
+    two.test while another host has the proxy on one.test is an overlap veto."""
+    h = Harness({"PROXY_SHARD_LEARN_SITE_GROUPS": True}, pool="default",
+                proxies=[f"http://10.9.4.{i}:3128" for i in range(1, 7)])
+
+    async def scenario():
+        await h.open()
+        h.runtime.links.settle = 0.0
+        told = {"Retry-After": "30"}
+        for site in ("a-shop", "one"):  # this host crawls these too (its recent sites)
+            await _answer(h, await _lease_for(h, f"http://{site}.test/"))
+        for i in range(3):
+            there = h.admin.lease("default", "a-shop.test", ttl=30)
+            await _next_ms()
+            await _answer(h, await _lease_for(h, f"http://b-shop.test/{i}", there.proxy_id), 429, told)
+            h.admin.release(there)
+        linked = h.runtime.sites.key_for_url("http://b-shop.test/9")
+        there = h.admin.lease("default", "one.test", ttl=30)
+        await _next_ms()
+        clean = await _lease_for(h, "http://two.test/1", there.proxy_id)
+        h.runtime.links._read_at.clear()  # the clean answer that is checked across hosts (every REFRESH)
+        await _answer(h, clean)
+        return linked
+
+    assert run(scenario()) == "a-shop.test"
+    assert h.stat("site_groups/overlap_bans") == 3 and h.stat("site_groups/linked") == 1
+    assert h.stat("site_groups/overlap_apart") == 1

@@ -19,7 +19,10 @@ proxy's overlaps that are answered clean are reported as a veto (at most every `
 per pair and host). Overlap evidence from three distinct proxies links once it has settled two seconds
 without a veto: a proxy banned on one site while in flight on two others is evidence for both pairs,
 and the clean overlaps of the same wave, which answer later, veto the independent one. A request in
-flight whose lease expired (it never came back) is no longer counted.
+flight whose lease expired (it never came back) is no longer counted. With several hosts most overlaps
+are across hosts: so at a rate ban the proxy's held records on the other sites this host crawled lately
+are read too (``engine/lua/flying.lua``: one short call, whatever host leased them), and every
+``REFRESH`` seconds one clean answer is checked the same way for overlaps that stayed clean (a veto).
 
 Every host learns the map at its own bans, and at each heartbeat otherwise (``refresh``). Redis keeps it
 7 days after the last link; ``DEL {<namespace>:<pool>}:links`` forgets it. ``PROXY_SHARD_LEARN_SITE_GROUPS
@@ -57,6 +60,10 @@ HOW_OVERLAP = ("three proxies were rate-banned on one while in flight on the oth
 APART_EVERY = 30.0
 #: Pairs whose last overlap veto is remembered before the list is cleared.
 APART_MAX = 4096
+#: The most other sites a rate ban's proxy is looked up on across hosts (the ones this host leased on
+#: last), and how recent their last lease must be (seconds, Redis clock).
+ELSEWHERE_SITES = 8
+ELSEWHERE_FOR = 120.0
 
 
 class SiteLinker:
@@ -80,11 +87,21 @@ class SiteLinker:
         self._flying: dict[str, dict[str, Lease]] = {}
         self._apart: dict[tuple[str, str, str], float] = {}  # (pool, site, site) -> last veto told (loop clock)
         self._settling: dict[str, asyncio.Future] = {}  # pool -> its read once overlap evidence settled
+        #: pool -> {site: the start of this host's last lease there (Redis clock)}: where a proxy may be in
+        #: flight from another host (``_elsewhere``)
+        self._recent: dict[str, dict[str, float]] = {}
 
     def leased(self, lease: Lease) -> None:
         """This host leased ``lease`` (its overlaps with the proxy's other requests are looked up later)."""
         if self.enabled:
             self._flying.setdefault(lease.proxy_id, {})[lease.token] = lease
+            recent = self._recent.get(lease.pool)
+            if recent is None:
+                recent = self._recent[lease.pool] = {}
+            elif len(recent) >= 8 * ELSEWHERE_SITES and lease.site not in recent:
+                keep = sorted(recent, key=recent.__getitem__)[-ELSEWHERE_SITES:]
+                recent = self._recent[lease.pool] = {site: recent[site] for site in keep}
+            recent[lease.site] = lease.issued_at
 
     def released(self, lease: Lease) -> None:
         """``lease`` is being given back (its answer is known)."""
@@ -118,6 +135,22 @@ class SiteLinker:
                        if other.site != lease.site and other.pool == lease.pool
                        and other.issued_at <= lease.issued_at})
 
+    async def _elsewhere(self, lease: Lease) -> list[str]:
+        """The other sites (of those this host leased on lately) where ``lease``'s proxy is in flight now,
+        leased by any host before ``lease`` was: this host's own requests and the other hosts' alike."""
+        recent = self._recent.get(lease.pool, {})
+        oldest = lease.issued_at - ELSEWHERE_FOR
+        sites = sorted((site for site, at in recent.items() if site != lease.site and at >= oldest),
+                       key=recent.__getitem__, reverse=True)[:ELSEWHERE_SITES]
+        if not sites:
+            return []
+        try:
+            return await self.runtime.store.in_flight(lease.pool, lease.proxy_id, sites, lease.issued_at)
+        except ProxyShardError as exc:
+            logger.debug("proxy_shard: proxy %(proxy)s's requests on other sites not read: %(e)s",
+                         {"proxy": lease.proxy_id, "e": exc})
+            return []
+
     def counts(self, reason: str | None, retry_after: float | None) -> bool:
         """Whether a quarantine of this reason is evidence (a rate-type ban: never a hard block)."""
         return retry_after is not None or (reason is not None
@@ -147,7 +180,7 @@ class SiteLinker:
         if len(self._resting) >= RESTING_MAX:  # a proxy that never answers again leaves its entry
             self._resting = {k: v for k, v in self._resting.items() if v[2] > result.now}
         self._resting[lease.proxy_id] = [lease.site, result.now, result.now + quarantine, set()]
-        overlapped = self._enclosing(lease, result.now)
+        overlapped = sorted(set(self._enclosing(lease, result.now)) | set(await self._elsewhere(lease)))
         if overlapped:
             self.runtime.stats.inc_value(f"{STATS}/site_groups/overlap_bans")
         # (one call per site it was in flight on: evidence for each pair; the clean overlaps veto the
@@ -166,9 +199,12 @@ class SiteLinker:
         every ``REFRESH`` seconds, read the groups other hosts linked (a host that waits on a site linked
         meanwhile leases under its old key until it knows: one IP could serve both)."""
         now = asyncio.get_running_loop().time()
+        enclosing = self._enclosing(lease, result.now)
         if now - self._read_at.get(lease.pool, 0.0) >= REFRESH:
             await self.refresh(lease.pool)
-        for overlapped in self._enclosing(lease, result.now):
+            # one clean answer in each REFRESH is checked for overlaps across hosts too
+            enclosing = sorted(set(enclosing) | set(await self._elsewhere(lease)))
+        for overlapped in enclosing:
             a, b = sorted((overlapped, lease.site))
             if now - self._apart.get((lease.pool, a, b), -APART_EVERY) >= APART_EVERY:
                 if len(self._apart) >= APART_MAX:

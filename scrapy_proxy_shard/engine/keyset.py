@@ -58,8 +58,8 @@ ROLES: dict[str, tuple[str, ...]] = {
     "site_link": (s.LINKBAN, s.LINKEV, s.LINKS, s.PACE),
 }
 #: Scripts whose KEYS depend on data (built by ``sites_keys``, ``session_keys``, ``migrate_*_keys``,
-#: ``tier_keys``).
-VARIABLE = ("sites", "sessions", "migrate", "tier")
+#: ``tier_keys``, ``flying_keys``).
+VARIABLE = ("sites", "sessions", "migrate", "tier", "flying")
 
 
 @lru_cache(maxsize=8192)
@@ -101,6 +101,11 @@ def script_keys(name: str, prefix: str, site: str = "", *, session: str = "", to
 def sites_keys(prefix: str, sites: list[str]) -> list[str]:
     """sites.lua: each site's SITE hash and READY ZSET, pair by pair."""
     return [key for site in sites for key in (s.site_part(prefix, s.SITE, site), s.site_part(prefix, s.READY, site))]
+
+
+def flying_keys(prefix: str, sites: list[str]) -> list[str]:
+    """flying.lua: each site's SITE hash."""
+    return [s.site_part(prefix, s.SITE, site) for site in sites]
 
 
 def session_keys(prefix: str, site: str, session_ids: list[str]) -> list[str]:

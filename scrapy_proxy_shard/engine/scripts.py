@@ -58,6 +58,7 @@ OPERATIONS = (
     "site_link",
     "sites",
     "sessions",
+    "flying",
     "migrate",
     "tier",
 )

@@ -382,6 +382,10 @@ class PoolBackend(Protocol):
         while Redis is away (the local fallback learns nothing)."""
         ...
 
+    async def in_flight(self, pool: str, proxy_id: str, sites: list[str], since: float) -> list[str]:
+        """Which of ``sites`` ``proxy_id`` is in flight on, leased by any host at or before ``since``."""
+        ...
+
     async def pools(self) -> list[str]: ...
 
     async def heartbeat(self, pool: str, *, ttl: float, info: dict[str, Any] | None = None, always: bool = True,

@@ -80,6 +80,22 @@ class _Links:
         return self._drive(self._site_link(pool, site, proxy_id, quarantine, known, evidence, max_group, keep,
                                            proxies, start, rested_from, veto, span, overlapped, settle))
 
+    def in_flight(self, pool: str, proxy_id: str, sites: list[str], since: float):
+        """Which of ``sites`` ``proxy_id`` is in flight on now, leased by any host at or before ``since``
+        (the Redis clock, seconds) and not answered yet (a sticky session's binding is not a request).
+        A list, in the order of ``sites``."""
+        return self._drive(self._in_flight(pool, proxy_id, list(sites), since))
+
+    def _in_flight(self, pool, proxy_id, sites, since) -> Plan:
+        _name(proxy_id, "proxy id")
+        for site in sites:
+            _name(site, "site")
+        if not sites:
+            return []
+        reply = yield _Script("flying", keyset.flying_keys(self.prefix(pool), sites),
+                              (proxy_id, round(float(since) * 1000)))
+        return [sites[int(i) - 1] for i in reply]
+
     def _site_link(self, pool, site, proxy_id, quarantine, known, evidence, max_group, keep, proxies,
                    start, rested_from, veto, span, overlapped, settle) -> Plan:
         _name(site, "site")

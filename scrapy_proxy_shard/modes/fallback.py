@@ -339,6 +339,15 @@ class FallbackPoolStore(PoolBackend):
         except PoolUnreachable:
             return None
 
+    async def in_flight(self, pool: str, proxy_id: str, sites: list[str], since: float) -> list[str]:
+        """Redis knows every host's requests; while it is away none is known (site groups are not learned)."""
+        if self.state != "redis":
+            return []
+        try:
+            return await self.primary.in_flight(pool, proxy_id, sites, since)
+        except PoolUnreachable:
+            return []
+
     async def breaker(self, pool: str, site: str) -> Any:
         store = self.primary if self.state == "redis" else self._ensure_local()
         try:
