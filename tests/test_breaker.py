@@ -94,6 +94,34 @@ def test_many_quarantines_of_one_or_two_proxies_never_open_it(make_store, clock)
     assert sstat(store, schema.QUARANTINES) == 8
 
 
+def test_one_burst_of_bans_probes_soon_and_a_rejected_probe_opens_it_for_the_cool_off(make_store, clock):
+    """Evidence that is one burst (every request sent before the first rejection was answered) opens the
+    breaker for BREAKER_BURST_MS only; its probe rejected too, the site rejects fresh requests: open for
+    the cool-off it cut short, doubling from there. Evidence with a request sent after a rejection opens
+    it for the cool-off at once."""
+    breaker = BreakerOptions(threshold=3, min_proxies=3, window=60, cooloff=2, max_cooloff=60, probes=1)
+    store = make_store(bans=LONG_BANS, breakers=breaker)
+    store.add_proxies(POOL, URLS)
+    leases = [lease_ok(store) for _ in range(4)]
+    clock.sleep(0.05)
+    burst = [store.release(lease, outcome="ban", reason="http_429") for lease in leases]
+    assert [r.breaker.kind if r.breaker else None for r in burst] == [None, None, "opened", "spared"]
+    assert burst[2].breaker.cooloff == pytest.approx(1.0)
+    clock.sleep(1.05)
+    probe = lease_ok(store)
+    assert store.release(probe, outcome="ban", reason="http_429").breaker.cooloff == pytest.approx(2.0)
+    clock.sleep(2.05)
+    probe = lease_ok(store)
+    assert store.release(probe, outcome="ban", reason="http_429").breaker.cooloff == pytest.approx(4.0)
+    # a site that goes on rejecting: the second wave was sent after the first was answered
+    other = "other.example"
+    first = [lease_ok(store, other) for _ in range(2)]
+    clock.sleep(0.05)
+    assert [store.release(lease, outcome="ban", reason="http_429").breaker for lease in first] == [None, None]
+    opened = store.release(lease_ok(store, other), outcome="ban", reason="http_429").breaker
+    assert opened.kind == "opened" and opened.cooloff == pytest.approx(2.0)
+
+
 def test_a_success_between_bans_means_the_site_does_not_reject_everyone(hosts):
     store = hosts[0]
     assert [r.breaker for r in ban_through(store, 4)] == [None] * 4

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import fakeredis
 import pytest
 from scrapy import Request
-from test_middlewares import Harness
+from test_middlewares import Harness, _next_ms
 
 from scrapy_proxy_shard.engine.bans import BanOptions
 from scrapy_proxy_shard.engine.breaker import BreakerOptions
@@ -78,9 +79,12 @@ def test_a_site_rejecting_everyone_opens_the_breaker_once_and_retries_wait_unbil
     async def scenario():
         await h.open()
         requests = [Request(f"http://{SITE}/item/{n}") for n in range(5)]
-        for request in requests:
-            await h.lease_mw.process_request(request)
-        retries = [await h.respond(request, status=403) for request in requests]
+        retries = []
+        for wave in (requests[:2], requests[2:]):  # the second sent after the first was rejected
+            await _next_ms()
+            for request in wave:
+                await h.lease_mw.process_request(request)
+            retries += [await h.respond(request, status=403) for request in wave]
         # The first three were quarantined (the third opened the breaker); the last two were spared.
         assert [r.meta["proxy_shard_ban_retries"] for r in retries] == [1, 1, 1, 0, 0]
         with pytest.raises(NoProxyAvailable, match="circuit breaker is open"):
@@ -100,6 +104,33 @@ def test_a_site_rejecting_everyone_opens_the_breaker_once_and_retries_wait_unbil
     assert "for 30s" in text
     assert not [r for r in caplog.records if "quarantine of proxy" in r.getMessage()
                 and "strike 0" in r.getMessage()]  # a spared ban is not reported as a quarantine
+
+
+def test_one_burst_of_rejections_probes_within_a_second_a_fine_probe_closes_it(caplog):
+    """Requests in flight together, all rejected (stalled requests arriving at once): the breaker spares
+    the rest of the burst but probes after 1 s, not the 30 s cool-off; a fine probe closes it."""
+    h = Harness({**BREAKER_SETTINGS, "PROXY_SHARD_MAX_WAIT": 5}, proxies=PROXIES)
+
+    async def scenario():
+        await h.open()
+        requests = [Request(f"http://{SITE}/item/{n}") for n in range(4)]
+        for request in requests:
+            await h.lease_mw.process_request(request)
+        await _next_ms()
+        retries = [await h.respond(request, status=429) for request in requests]
+        assert [r.meta["proxy_shard_ban_retries"] for r in retries] == [1, 1, 1, 0]
+        state = h.admin.breaker("default", SITE)
+        assert state.state == "open" and state.cooloff == pytest.approx(1.0)
+        started = asyncio.get_running_loop().time()
+        await h.lease_mw.process_request(retries[-1])  # waits for the probe, and is it
+        assert 0.8 < asyncio.get_running_loop().time() - started < 3.0
+        await h.respond(retries[-1])
+
+    with caplog.at_level(logging.INFO, logger="scrapy_proxy_shard"):
+        asyncio.run(scenario())
+    assert h.stat("breaker/opened") == 1 and h.stat("breaker/closed") == 1
+    assert h.admin.breaker("default", SITE) is None
+    assert any("for 1s" in r.getMessage() for r in caplog.records if "circuit breaker OPEN" in r.getMessage())
 
 
 def test_a_probe_answered_fine_closes_it_and_says_so(caplog):
@@ -131,7 +162,9 @@ def test_status_and_metrics_show_an_open_breaker_and_its_history():
     store = PoolStore(fakeredis.FakeRedis(decode_responses=True), namespace="t", host_id="h",
                       bans=BanOptions(ttl=600, max_ttl=600, jitter=0), breakers=BreakerOptions(threshold=3, cooloff=90))
     store.add_proxies("dc", PROXIES)
-    leases = [store.lease("dc", SITE, ttl=60) for _ in range(4)]
+    store.release(store.lease("dc", SITE, ttl=60), outcome="ban", reason="http_429")
+    time.sleep(0.002)  # the next three were sent after that rejection (not one burst)
+    leases = [store.lease("dc", SITE, ttl=60) for _ in range(3)]
     for lease in leases:
         store.release(lease, outcome="ban", reason="http_429")
     store.release(store.lease("dc", "calm.example", ttl=60), outcome="ok")

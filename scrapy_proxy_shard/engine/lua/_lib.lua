@@ -691,11 +691,14 @@ end
 -- half-open a ban on the site quarantines nobody (no strike: the site is the problem, not the IP).
 --   P:breaker:<site>  HASH  st=open|half until=ms (open: probing from then) cool=ms (current cool-off)
 --                           maxc=ms probes=n used=n (probes this round) ptok=probe lease token
---                           pexp=ms (probe lease expiry) since=ms trips=n; no key = closed
+--                           pexp=ms (probe lease expiry) since=ms trips=n base=ms (the cool-off a
+--                           burst's opening cut short, see breaker_evidence); no key = closed
 --   P:brkseen:<site>  ZSET  quarantines started on the site since its last "ok" response, within the
---                           window: member "<id>|<reason>|<ms>" -> ms (at most BREAKER_SEEN_MAX kept)
+--                           window: member "<id>|<reason>|<ms>|<retry-after ms>|<request start ms>" -> ms
+--                           (at most BREAKER_SEEN_MAX kept)
 local BREAKER_SEEN_MAX = 64
 local BREAKER_KEEP_MS = 86400000  -- a breaker nobody touches for a day after its cool-off is forgotten
+local BREAKER_BURST_MS = 1000  -- the first cool-off of a breaker opened by one burst (breaker_evidence)
 
 -- The packed options of release.lua's breaker argument ("" = breaker off): threshold, min distinct
 -- proxies, window ms, cool-off ms, max cool-off ms, probes per round. Returns the options (nil when
@@ -732,11 +735,16 @@ local function breaker_open_for(cool, now)
   return cool
 end
 
--- A probe was rejected, or a round of probes ended without a verdict: re-open for twice as long.
+-- A probe was rejected, or a round of probes ended without a verdict: re-open for twice as long (for the
+-- cool-off a burst's opening cut short, 'base', the first time).
 local function breaker_reopen(site, now)
-  local b = redis.call('HMGET', K_BREAKER, 'cool', 'maxc')
+  local b = redis.call('HMGET', K_BREAKER, 'cool', 'maxc', 'base')
   local cool = (tonumber(b[1]) or 1) * 2
   local maxc = tonumber(b[2]) or cool
+  if b[3] then
+    cool = tonumber(b[3]) or cool
+    redis.call('HDEL', K_BREAKER, 'base')
+  end
   if cool > maxc then cool = maxc end
   site_stat('brk_reopen')
   return breaker_open_for(cool, now)
@@ -809,10 +817,16 @@ end
 -- and open the breaker if the evidence is now enough. `told`: the site's Retry-After of the ban (ms, 0:
 -- none); when every ban of the evidence carried one, the cool-off is the longest of them if that is
 -- shorter than the configured one (the site said when it takes the IPs back: probing later wastes the
--- time between). Returns {"opened", bans, distinct proxies, "reason:n,...", window_ms, cool_ms} when
--- this call opened it, else nil.
-local function breaker_evidence(site, id, reason, now, conf, told)
-  redis.call('ZADD', K_BRKSEEN, now, id .. '|' .. reason .. '|' .. istr(now) .. '|' .. istr(told or 0))
+-- time between). `start`: the banned request's start (ms; nil when unknown). Evidence that is one
+-- burst (every request of it sent before the first of them was answered: a crawl's stalled requests
+-- arriving at once, say, all rejected for being early) says nothing of the requests sent after it:
+-- the breaker opens, sparing the rest of the burst, but probes after BREAKER_BURST_MS; only a probe
+-- rejected too (a site that rejects everyone rejects fresh requests) opens it for the cool-off, whose
+-- doubling then goes on as usual ('base'). Returns {"opened", bans, distinct proxies, "reason:n,...",
+-- window_ms, cool_ms} when this call opened it, else nil.
+local function breaker_evidence(site, id, reason, now, conf, told, start)
+  redis.call('ZADD', K_BRKSEEN, now, id .. '|' .. reason .. '|' .. istr(now) .. '|' .. istr(told or 0) .. '|'
+    .. istr(start or 0))
   redis.call('ZREMRANGEBYSCORE', K_BRKSEEN, '-inf', '(' .. istr(now - conf.window))
   redis.call('ZREMRANGEBYRANK', K_BRKSEEN, 0, -(BREAKER_SEEN_MAX + 1))
   redis.call('PEXPIRE', K_BRKSEEN, conf.window)
@@ -820,8 +834,13 @@ local function breaker_evidence(site, id, reason, now, conf, told)
   if #seen < conf.threshold then return nil end
   local proxies, distinct, reasons, order = {}, 0, {}, {}
   local told_max = 0  -- the longest Retry-After of the evidence; -1 once a ban came without one
+  local first, latest = nil, 0  -- the first answer of the evidence; the latest request start
   for _, m in ipairs(seen) do
-    local pid, why, said = string.match(m, '^(.*)|([^|]*)|%d+|(%d+)$')
+    local pid, why, at, said, sent = string.match(m, '^(.*)|([^|]*)|(%d+)|(%d+)|(%d+)$')
+    if not pid then pid, why, at, said = string.match(m, '^(.*)|([^|]*)|(%d+)|(%d+)$') end  -- (before 12-08)
+    at, sent = tonumber(at), tonumber(sent) or 0
+    if at and (not first or at < first) then first = at end
+    if sent > latest then latest = sent end
     said = tonumber(said) or 0
     if said <= 0 then told_max = -1 elseif told_max >= 0 and said > told_max then told_max = said end
     if pid and not proxies[pid] then
@@ -840,6 +859,10 @@ local function breaker_evidence(site, id, reason, now, conf, told)
   if told_max > 0 and told_max < cool then cool = told_max end
   redis.call('DEL', K_BREAKER, K_BRKSEEN)
   redis.call('HSET', K_BREAKER, 'maxc', istr(conf.maxc), 'probes', conf.probes, 'since', istr(now), 'trips', 0)
+  if first and latest < first and cool > BREAKER_BURST_MS then
+    redis.call('HSET', K_BREAKER, 'base', istr(cool))
+    cool = BREAKER_BURST_MS
+  end
   breaker_open_for(cool, now)
   site_stat('brk_open')
   return {'opened', #seen, distinct, table.concat(parts, ','), conf.window, cool}

@@ -353,7 +353,7 @@ elseif outcome == 'ban' or outcome == 'dead' then
     end
   end
   if outcome == 'ban' and started == 1 and breaker then
-    event = breaker_evidence(site, id, ARGV[10], now, breaker, told)
+    event = breaker_evidence(site, id, ARGV[10], now, breaker, told, answer_start)
   end
   if ban_until > 0 and status == 'OK' and sid ~= '' then
     -- A banned session proxy: the session's slot must wait for the quarantine too.
