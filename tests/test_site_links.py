@@ -533,3 +533,50 @@ def test_a_rate_ban_while_another_host_has_the_proxy_in_flight_on_another_site_i
     assert run(scenario()) == "a-shop.test"
     assert h.stat("site_groups/overlap_bans") == 3 and h.stat("site_groups/linked") == 1
     assert h.stat("site_groups/overlap_apart") == 1
+
+
+def test_a_host_that_reported_overlap_evidence_checks_every_clean_answer_for_vetoes():
+    """Evidence across hosts must be met by vetoes across hosts: after its overlap ban, this host checks
+    every clean answer (not one each REFRESH) against every host's requests in flight until the evidence
+    has settled. Independent sites (stock nginx vhosts) served from every IP at once were linked by
+    coincidental overlap bans before any clean overlap was seen."""
+    h = Harness({"PROXY_SHARD_LEARN_SITE_GROUPS": True}, pool="default",
+                proxies=[f"http://10.9.5.{i}:3128" for i in range(1, 7)])
+    used: set[str] = set()
+
+    def on_a_shop():
+        """Another host's request on a-shop through a proxy not used here yet."""
+        kept = []
+        while True:
+            there = h.admin.lease("default", "a-shop.test", ttl=30)
+            if there.proxy_id not in used:
+                break
+            kept.append(there)
+        for lease in kept:
+            h.admin.release(lease)
+        used.add(there.proxy_id)
+        return there
+
+    async def overlapped(i, status):
+        there = on_a_shop()
+        await _next_ms()
+        await _answer(h, await _lease_for(h, f"http://b-shop.test/{i}", there.proxy_id), status,
+                      {"Retry-After": "30"} if status == 429 else None)
+        h.admin.release(there)
+
+    async def scenario():
+        await h.open()
+        h.runtime.links.settle = 0.5
+        await _answer(h, await _lease_for(h, "http://a-shop.test/"))  # this host crawls a-shop too
+        await overlapped(0, 429)
+        assert h.runtime.links._watch["default"] > asyncio.get_running_loop().time()
+        await overlapped(1, 200)  # a clean overlap: not due for a REFRESH read, checked all the same
+        for i in (2, 3):
+            await overlapped(i, 429)
+        await asyncio.sleep(0.6)
+        await h.runtime.links.refresh("default")
+        return h.runtime.sites.key_for_url("http://b-shop.test/9")
+
+    assert run(scenario()) == "b-shop.test"
+    assert h.stat("site_groups/overlap_bans") == 3 and h.stat("site_groups/overlap_apart") == 1
+    assert not h.stat("site_groups/linked")

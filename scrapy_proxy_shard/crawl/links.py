@@ -21,8 +21,11 @@ without a veto: a proxy banned on one site while in flight on two others is evid
 and the clean overlaps of the same wave, which answer later, veto the independent one. A request in
 flight whose lease expired (it never came back) is no longer counted. With several hosts most overlaps
 are across hosts: so at a rate ban the proxy's held records on the other sites this host crawled lately
-are read too (``engine/lua/flying.lua``: one short call, whatever host leased them), and every
-``REFRESH`` seconds one clean answer is checked the same way for overlaps that stayed clean (a veto).
+are read too (``engine/lua/flying.lua``: one short call, whatever host leased them). Vetoes must keep
+pace with that evidence (independent sites served from every IP at once, stock nginx vhosts say, have
+coincidental overlap bans all the time): a host that reported overlap evidence checks every clean
+answer the same way until the evidence has settled (``WATCH`` seconds more), and any host one clean
+answer every ``REFRESH`` seconds.
 
 Every host learns the map at its own bans, and at each heartbeat otherwise (``refresh``). Redis keeps it
 7 days after the last link; ``DEL {<namespace>:<pool>}:links`` forgets it. ``PROXY_SHARD_LEARN_SITE_GROUPS
@@ -64,6 +67,9 @@ APART_MAX = 4096
 #: last), and how recent their last lease must be (seconds, Redis clock).
 ELSEWHERE_SITES = 8
 ELSEWHERE_FOR = 120.0
+#: After reporting overlap evidence, how much longer than its settling this host checks every clean
+#: answer for overlaps across hosts (seconds).
+WATCH = 1.0
 
 
 class SiteLinker:
@@ -90,6 +96,7 @@ class SiteLinker:
         #: pool -> {site: the start of this host's last lease there (Redis clock)}: where a proxy may be in
         #: flight from another host (``_elsewhere``)
         self._recent: dict[str, dict[str, float]] = {}
+        self._watch: dict[str, float] = {}  # pool -> until when every clean answer is checked (loop clock)
 
     def leased(self, lease: Lease) -> None:
         """This host leased ``lease`` (its overlaps with the proxy's other requests are looked up later)."""
@@ -183,6 +190,8 @@ class SiteLinker:
         overlapped = sorted(set(self._enclosing(lease, result.now)) | set(await self._elsewhere(lease)))
         if overlapped:
             self.runtime.stats.inc_value(f"{STATS}/site_groups/overlap_bans")
+            # the clean overlaps that would veto it answer meanwhile, on every host: look for them
+            self._watch[lease.pool] = asyncio.get_running_loop().time() + self.settle + WATCH
         # (one call per site it was in flight on: evidence for each pair; the clean overlaps veto the
         # independent ones)
         for other in overlapped or [""]:
@@ -200,9 +209,11 @@ class SiteLinker:
         meanwhile leases under its old key until it knows: one IP could serve both)."""
         now = asyncio.get_running_loop().time()
         enclosing = self._enclosing(lease, result.now)
-        if now - self._read_at.get(lease.pool, 0.0) >= REFRESH:
+        due = now - self._read_at.get(lease.pool, 0.0) >= REFRESH
+        if due:
             await self.refresh(lease.pool)
-            # one clean answer in each REFRESH is checked for overlaps across hosts too
+        if due or now < self._watch.get(lease.pool, 0.0):
+            # overlaps across hosts too: one clean answer each REFRESH, every one while evidence settles
             enclosing = sorted(set(enclosing) | set(await self._elsewhere(lease)))
         for overlapped in enclosing:
             a, b = sorted((overlapped, lease.site))
