@@ -20,12 +20,12 @@ per pair and host). Overlap evidence from three distinct proxies links once it h
 without a veto: a proxy banned on one site while in flight on two others is evidence for both pairs,
 and the clean overlaps of the same wave, which answer later, veto the independent one. A request in
 flight whose lease expired (it never came back) is no longer counted. With several hosts most overlaps
-are across hosts: so at a rate ban the proxy's held records on the other sites this host crawled lately
-are read too (``engine/lua/flying.lua``: one short call, whatever host leased them). Vetoes must keep
-pace with that evidence (independent sites served from every IP at once, stock nginx vhosts say, have
-coincidental overlap bans all the time): a host that reported overlap evidence checks every clean
-answer the same way until the evidence has settled (``WATCH`` seconds more), and any host one clean
-answer every ``REFRESH`` seconds.
+are across hosts. Evidence counts only the banning host's own requests in flight (read across hosts too,
+it linked two of stock nginx's independent vhosts in 1 of 2 zoo runs: coincidental overlap bans are
+common where every IP serves every site at once). Vetoes are read across hosts: the proxy's held records
+on the other sites this host crawled lately (``engine/lua/flying.lua``, one short call, whatever host
+leased them), for one clean answer every ``REFRESH`` seconds, and for every clean answer while overlap
+evidence this host reported settles (``WATCH`` seconds more).
 
 Every host learns the map at its own bans, and at each heartbeat otherwise (``refresh``). Redis keeps it
 7 days after the last link; ``DEL {<namespace>:<pool>}:links`` forgets it. ``PROXY_SHARD_LEARN_SITE_GROUPS
@@ -187,10 +187,12 @@ class SiteLinker:
         if len(self._resting) >= RESTING_MAX:  # a proxy that never answers again leaves its entry
             self._resting = {k: v for k, v in self._resting.items() if v[2] > result.now}
         self._resting[lease.proxy_id] = [lease.site, result.now, result.now + quarantine, set()]
-        overlapped = sorted(set(self._enclosing(lease, result.now)) | set(await self._elsewhere(lease)))
+        # (this host's own overlaps only: evidence read across hosts as well linked stock nginx's
+        # independent vhosts in the zoo, 1 run of 2, even with vetoes read across hosts)
+        overlapped = self._enclosing(lease, result.now)
         if overlapped:
             self.runtime.stats.inc_value(f"{STATS}/site_groups/overlap_bans")
-            # the clean overlaps that would veto it answer meanwhile, on every host: look for them
+            # the clean overlaps that would veto it answer meanwhile, on any host: look for them
             self._watch[lease.pool] = asyncio.get_running_loop().time() + self.settle + WATCH
         # (one call per site it was in flight on: evidence for each pair; the clean overlaps veto the
         # independent ones)
