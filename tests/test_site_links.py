@@ -154,6 +154,12 @@ async def _lease_for(h, url, pid=None, *, others=200):
     raise AssertionError(f"{pid} never leased for {url}")
 
 
+def _learner(subnet: int) -> Harness:
+    """A host that learns site groups everywhere, on 6 proxies of 10.9.<subnet>.0/24."""
+    return Harness({"PROXY_SHARD_LEARN_SITE_GROUPS": True}, pool="default",
+                   proxies=[f"http://10.9.{subnet}.{i}:3128" for i in range(1, 7)])
+
+
 def test_rate_bans_after_clean_answers_link_sites_for_every_host_hard_blocks_do_not(caplog):
     one = Harness({"PROXY_SHARD_LEARN_SITE_GROUPS": True}, pool="default")  # (auto: adaptive sites only)
     two_settings = {"PROXY_SHARD_HOST_ID": "second-host"}
@@ -383,8 +389,7 @@ def test_a_rate_ban_while_the_proxy_is_in_flight_on_another_site_is_overlap_evid
     """The crawl: a proxy this host has in flight on a-shop is rate-banned on b-shop (the shared
     blacklist counts both requests): reported as overlap evidence, and three proxies link the sites; a
     proxy in flight on one.test answered clean on two.test is reported as an overlap veto, once."""
-    h = Harness({"PROXY_SHARD_LEARN_SITE_GROUPS": True}, pool="default",
-                proxies=[f"http://10.9.3.{i}:3128" for i in range(1, 7)])
+    h = _learner(3)
 
     async def scenario():
         await h.open()
@@ -508,8 +513,7 @@ def test_another_hosts_request_in_flight_is_no_overlap_evidence_its_clean_overla
     """Overlap evidence counts the banning host's own requests only (read across hosts, coincidental
     overlap bans linked stock nginx's independent vhosts); a clean answer on two.test while another host
     has the proxy on one.test is an overlap veto (read from Redis, every REFRESH)."""
-    h = Harness({"PROXY_SHARD_LEARN_SITE_GROUPS": True}, pool="default",
-                proxies=[f"http://10.9.4.{i}:3128" for i in range(1, 7)])
+    h = _learner(4)
 
     async def scenario():
         await h.open()
@@ -539,8 +543,7 @@ def test_a_host_that_reported_overlap_evidence_checks_every_clean_answer_for_vet
     """After its overlap ban, this host checks every clean answer (not one each REFRESH) against every
     host's requests in flight until the evidence has settled: another host's clean overlap vetoes it.
     Independent sites (stock nginx vhosts) served from every IP at once have coincidental overlap bans."""
-    h = Harness({"PROXY_SHARD_LEARN_SITE_GROUPS": True}, pool="default",
-                proxies=[f"http://10.9.5.{i}:3128" for i in range(1, 7)])
+    h = _learner(5)
     used: set[str] = set()
 
     def on_a_shop():

@@ -63,8 +63,8 @@ HOW_OVERLAP = ("three proxies were rate-banned on one while in flight on the oth
 APART_EVERY = 30.0
 #: Pairs whose last overlap veto is remembered before the list is cleared.
 APART_MAX = 4096
-#: The most other sites a rate ban's proxy is looked up on across hosts (the ones this host leased on
-#: last), and how recent their last lease must be (seconds, Redis clock).
+#: The most other sites a clean answer's proxy is looked up on across hosts (the ones this host leased
+#: on last), and how recent their last lease must be (seconds, Redis clock).
 ELSEWHERE_SITES = 8
 ELSEWHERE_FOR = 120.0
 #: After reporting overlap evidence, how much longer than its settling this host checks every clean

@@ -1,8 +1,9 @@
 -- flying.lua: on which of some sites one proxy is in flight, whatever host leased it (read-only).
--- Overlap evidence for a shared blacklist (site_link.lua) needs the proxy's other requests in flight.
--- A host sees its own; with several hosts most overlaps are across hosts, and their held records are
--- here: a live record (its expiry not passed), not a sticky session's binding, whose use started at
--- or before ARGV[2] is a request sent before the caller's and still unanswered (release deletes it).
+-- An overlap veto for learned site groups (crawl/links.py, site_link.lua) is a clean answer while the
+-- proxy had another request in flight. A host sees its own; with several hosts most overlaps are across
+-- hosts, and their held records are here: a live record (its expiry not passed), not a sticky
+-- session's binding, whose use started at or before ARGV[2] is a request sent before the caller's and
+-- still unanswered (release deletes it).
 -- KEYS: P:site:<site>, one per site the caller asks about   (engine/keyset.py flying_keys)
 -- ARGV[1]  proxy id    ARGV[2] the caller's request's start, ms (Redis clock)
 -- Replies:
@@ -19,12 +20,10 @@ for i = 1, #KEYS do
     local members = {}
     for k = 0, c - 1 do members[#members + 1] = id .. '/' .. k end
     for _, rec in ipairs(redis.call('HMGET', KEYS[i], unpack(members))) do
-      if rec and live_record(rec, now) and (lease_start(rec) or since + 1) <= since then
-        local _, sid = held_by(rec)
-        if sid == '' then
-          reply[#reply + 1] = i
-          break
-        end
+      local started = rec and live_record(rec, now) and lease_start(rec)
+      if started and started <= since and select(2, held_by(rec)) == '' then
+        reply[#reply + 1] = i
+        break
       end
     end
   end
